@@ -1,0 +1,47 @@
+"""Checks that a drafter and a target fit together (vocabulary, hidden size, decoder-only)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .configuration_dspark import DSparkConfig
+
+
+def _text_config(target: nn.Module):
+    config = getattr(target, "config", None)
+    if config is None:
+        raise TypeError(f"expected a transformers PreTrainedModel as target, got {type(target).__name__}")
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def validate_target_shape(config: DSparkConfig, target: nn.Module) -> None:
+    """Raise `ValueError` saying what does not match between a drafter config and a target model."""
+    text = _text_config(target)
+    if getattr(text, "is_encoder_decoder", False) or getattr(target.config, "is_encoder_decoder", False):
+        raise ValueError("DSpark supports decoder-only targets; this target is an encoder-decoder model.")
+    embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+    if embed is None or lm_head is None:
+        raise ValueError(f"{type(target).__name__} exposes no input embedding or LM head; is it a causal LM?")
+    problems = []
+    if embed.weight.shape[0] != config.vocab_size:
+        problems.append(
+            f"vocabulary: the drafter was built for {config.vocab_size} tokens, the target's embedding has "
+            f"{embed.weight.shape[0]} rows"
+        )
+    if lm_head.weight.shape[0] != config.vocab_size:
+        problems.append(
+            f"vocabulary: the target's LM head has {lm_head.weight.shape[0]} rows, the drafter expects "
+            f"{config.vocab_size}"
+        )
+    if embed.weight.shape[1] != config.hidden_size:
+        problems.append(
+            f"hidden size: the drafter has {config.hidden_size}, the target {embed.weight.shape[1]}"
+        )
+    layers = getattr(text, "num_hidden_layers", None)
+    if layers is not None and layers != config.num_target_layers:
+        problems.append(f"depth: the drafter taps a {config.num_target_layers}-layer target, this one has {layers}")
+    if problems:
+        raise ValueError(
+            "This drafter does not fit the target (" + "; ".join(problems) + "). Use the drafter trained for this "
+            "target, or build a new one with DSparkConfig.from_target(target.config)."
+        )

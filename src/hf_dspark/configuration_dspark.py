@@ -1,0 +1,253 @@
+"""DSpark drafter configuration (DESIGN.md section 2)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from transformers import PreTrainedConfig
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+HEAD_TYPES = ("markov", "rnn", "none")
+
+# Families whose decoder layers carry per-head RMSNorms on queries and keys.
+_QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "olmo3")
+# Families that scale token embeddings by sqrt(hidden_size) before the first layer.
+_SCALED_EMBEDDING_FAMILIES = ("gemma", "gemma2", "gemma3", "gemma3_text")
+
+
+def default_target_layer_ids(num_target_layers: int, num_taps: int = 5) -> list[int]:
+    """Evenly spaced decoder-layer indices from 1 to L-3 (DESIGN.md section 2.1), never the last layer."""
+    if num_target_layers < 3:
+        raise ValueError(
+            f"The target has {num_target_layers} decoder layers; DSpark taps layers 1..L-3 and needs at least 3. "
+            "Pass target_layer_ids explicitly for very shallow targets."
+        )
+    low, high = 1, max(1, num_target_layers - 3)
+    count = max(1, min(num_taps, high - low + 1))
+    if count == 1:
+        return [low]
+    return sorted({round(low + i * (high - low) / (count - 1)) for i in range(count)})
+
+
+class DSparkConfig(PreTrainedConfig):
+    """Configuration of a DSpark drafter.
+
+    Args:
+        block_size (`int`, defaults to 7):
+            γ, the number of draft positions proposed per round (anchor-first layout: γ inputs give γ drafts).
+        num_hidden_layers (`int`, defaults to 2):
+            Number of drafter decoder layers.
+        target_layer_ids (`list[int]`, *optional*):
+            0-based indices of the target decoder layers whose outputs form the context features (Eq. 2).
+            Defaults to 5 evenly spaced layers from 1 to L-3. The last layer may not be tapped.
+        num_target_layers (`int`):
+            Number of decoder layers of the target (L).
+        head_type (`str`, defaults to `"markov"`):
+            Sequential head: `"markov"` (Eq. 5), `"rnn"` (Eq. 6) or `"none"` (pure parallel, the DFlash baseline).
+        markov_rank (`int`, defaults to 256):
+            Rank r of the Markov factorisation W1 (V×r), W2 (V×r). Used by both the Markov and the RNN head.
+        use_confidence_head (`bool`, defaults to `True`):
+            Whether the drafter predicts per-position confidences (Eq. 7).
+        confidence_with_markov (`bool`, defaults to `True`):
+            Whether the confidence head also sees W1[x_{k-1}] (needs a Markov or RNN head).
+        calibration_temperatures (`list[float]`, *optional*):
+            STS temperatures T_k for sampled decoding, one per position (default 1.0 each).
+        calibration_temperatures_greedy (`list[float]`, *optional*):
+            STS temperatures for greedy decoding; when unset the sampling temperatures are used.
+        mask_token_id (`int`, *optional*):
+            Token id whose (frozen) target embedding fills the mask slots. When `None` the drafter learns its
+            own mask embedding.
+        sample_from_anchor (`bool`, defaults to `True`):
+            Anchor-first block layout; the only layout this drafter implements. Recorded for serving engines.
+        hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps,
+        hidden_act, rope_parameters, max_position_embeddings, attention_bias, use_qk_norm, vocab_size:
+            Target-shape fields the drafter layers copy.
+        embedding_multiplier (`float`, defaults to 1.0):
+            Scale applied to looked-up target embeddings (sqrt(hidden_size) for Gemma families).
+        target_model_type (`str`, *optional*):
+            `model_type` of the target this drafter was built for.
+    """
+
+    model_type = "dspark"
+
+    def __init__(
+        self,
+        block_size: int = 7,
+        num_hidden_layers: int = 2,
+        target_layer_ids: list[int] | None = None,
+        num_target_layers: int = 30,
+        head_type: str = "markov",
+        markov_rank: int = 256,
+        use_confidence_head: bool = True,
+        confidence_with_markov: bool = True,
+        calibration_temperatures: list[float] | None = None,
+        calibration_temperatures_greedy: list[float] | None = None,
+        mask_token_id: int | None = None,
+        sample_from_anchor: bool = True,
+        hidden_size: int = 576,
+        num_attention_heads: int = 9,
+        num_key_value_heads: int = 3,
+        head_dim: int | None = None,
+        intermediate_size: int = 1536,
+        rms_norm_eps: float = 1e-5,
+        hidden_act: str = "silu",
+        rope_parameters: dict[str, Any] | None = None,
+        max_position_embeddings: int = 8192,
+        attention_bias: bool = False,
+        use_qk_norm: bool = False,
+        vocab_size: int = 49152,
+        embedding_multiplier: float = 1.0,
+        target_model_type: str | None = None,
+        initializer_range: float = 0.02,
+        **kwargs: Any,
+    ) -> None:
+        self.block_size = block_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_target_layers = num_target_layers
+        self.target_layer_ids = (
+            list(target_layer_ids) if target_layer_ids is not None else default_target_layer_ids(num_target_layers)
+        )
+        self.head_type = head_type
+        self.markov_rank = markov_rank
+        self.use_confidence_head = use_confidence_head
+        self.confidence_with_markov = confidence_with_markov and head_type != "none"
+        self.calibration_temperatures = (
+            [float(t) for t in calibration_temperatures] if calibration_temperatures else [1.0] * block_size
+        )
+        self.calibration_temperatures_greedy = (
+            [float(t) for t in calibration_temperatures_greedy] if calibration_temperatures_greedy else None
+        )
+        self.mask_token_id = mask_token_id
+        self.sample_from_anchor = sample_from_anchor
+        self.hidden_size = hidden_size
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim if head_dim is not None else hidden_size // num_attention_heads
+        self.intermediate_size = intermediate_size
+        self.rms_norm_eps = rms_norm_eps
+        self.hidden_act = hidden_act
+        self.rope_parameters = dict(rope_parameters) if rope_parameters else {"rope_type": "default", "rope_theta": 1e4}
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_bias = attention_bias
+        self.use_qk_norm = use_qk_norm
+        self.vocab_size = vocab_size
+        self.embedding_multiplier = float(embedding_multiplier)
+        self.target_model_type = target_model_type
+        self.initializer_range = initializer_range
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+        self.validate_dspark()
+
+    def validate_dspark(self) -> None:
+        """Raise `ValueError` naming the fix for every invalid combination of settings."""
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size (γ) must be an integer >= 1, got {self.block_size!r}.")
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}.")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
+        if self.head_type != "none" and (not isinstance(self.markov_rank, int) or self.markov_rank < 1):
+            raise ValueError(
+                f"markov_rank must be >= 1 with head_type={self.head_type!r}, got {self.markov_rank!r}; "
+                "use head_type='none' for a drafter without a sequential head."
+            )
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty; tap at least one target layer (e.g. [1]).")
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"target_layer_ids has duplicates: {self.target_layer_ids}.")
+        last = self.num_target_layers - 1
+        for layer in self.target_layer_ids:
+            if layer < 0 or layer > last:
+                raise ValueError(
+                    f"target_layer_ids contains {layer}, outside the target's layers 0..{last}."
+                )
+        if last in self.target_layer_ids:
+            raise ValueError(
+                f"target_layer_ids taps the target's last layer ({last}); its output is the next-token "
+                f"representation the drafter must not copy. Use layers up to {max(0, last - 2)} "
+                f"(default: {default_target_layer_ids(self.num_target_layers)})."
+            )
+        if len(self.calibration_temperatures) != self.block_size:
+            raise ValueError(
+                f"calibration_temperatures has {len(self.calibration_temperatures)} entries for block_size "
+                f"{self.block_size}; give one temperature per position (or none for 1.0)."
+            )
+        temps = list(self.calibration_temperatures) + list(self.calibration_temperatures_greedy or [])
+        if any(not math.isfinite(t) or t <= 0 for t in temps):
+            raise ValueError(f"calibration temperatures must be finite and > 0, got {temps}.")
+        if self.calibration_temperatures_greedy is not None and len(self.calibration_temperatures_greedy) != (
+            self.block_size
+        ):
+            raise ValueError("calibration_temperatures_greedy needs one temperature per position (block_size).")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
+                f"({self.num_key_value_heads})."
+            )
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary (0..{self.vocab_size - 1}); "
+                "pick an unused special token or pass None to learn a mask embedding."
+            )
+        if not self.sample_from_anchor:
+            raise ValueError(
+                "sample_from_anchor=False (the DFlash anchor + γ masks layout) is not a native DSpark layout; "
+                "load DFlash checkpoints through hf_dspark.interop, which keeps their convention."
+            )
+
+    @property
+    def num_taps(self) -> int:
+        return len(self.target_layer_ids)
+
+    def temperatures_for(self, greedy: bool) -> list[float]:
+        """STS temperatures for a decoding mode (greedy falls back to the sampling ones)."""
+        if greedy and self.calibration_temperatures_greedy is not None:
+            return list(self.calibration_temperatures_greedy)
+        return list(self.calibration_temperatures)
+
+    @classmethod
+    def from_target(cls, target_config: PreTrainedConfig, **overrides: Any) -> DSparkConfig:
+        """Build a drafter config whose layers copy the shape of a decoder-only HF target.
+
+        Works for Llama, Qwen2/Qwen3, Mistral, Gemma families and any config exposing the usual fields.
+        `overrides` set any `DSparkConfig` argument (e.g. `block_size=8, head_type="rnn"`).
+        """
+        text_config = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+        if getattr(text_config, "is_encoder_decoder", False):
+            raise ValueError("DSpark drafts for decoder-only targets; this target is an encoder-decoder model.")
+        model_type = getattr(text_config, "model_type", None)
+        required = ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")
+        missing = [name for name in required if getattr(text_config, name, None) is None]
+        if missing:
+            raise ValueError(f"target config ({model_type}) lacks {missing}; is it a decoder-only language model?")
+        hidden = text_config.hidden_size
+        heads = text_config.num_attention_heads
+        rope = getattr(text_config, "rope_parameters", None) or {}
+        if not rope and getattr(text_config, "rope_theta", None) is not None:
+            rope = {"rope_type": "default", "rope_theta": text_config.rope_theta}
+        eps = getattr(text_config, "rms_norm_eps", None) or getattr(text_config, "layer_norm_eps", None) or 1e-6
+        act = getattr(text_config, "hidden_act", None) or getattr(text_config, "hidden_activation", None) or "silu"
+        fields: dict[str, Any] = {
+            "num_target_layers": text_config.num_hidden_layers,
+            "hidden_size": hidden,
+            "num_attention_heads": heads,
+            "num_key_value_heads": getattr(text_config, "num_key_value_heads", None) or heads,
+            "head_dim": getattr(text_config, "head_dim", None) or hidden // heads,
+            "intermediate_size": text_config.intermediate_size,
+            "rms_norm_eps": eps,
+            "hidden_act": act,
+            "rope_parameters": dict(rope) if rope else None,
+            "max_position_embeddings": getattr(text_config, "max_position_embeddings", 8192),
+            "attention_bias": bool(getattr(text_config, "attention_bias", False)),
+            "use_qk_norm": model_type in _QK_NORM_FAMILIES,
+            "vocab_size": text_config.vocab_size,
+            "embedding_multiplier": math.sqrt(hidden) if model_type in _SCALED_EMBEDDING_FAMILIES else 1.0,
+            "target_model_type": model_type,
+        }
+        fields.update(overrides)
+        if "target_layer_ids" not in overrides:
+            fields["target_layer_ids"] = default_target_layer_ids(fields["num_target_layers"])
+        return cls(**fields)

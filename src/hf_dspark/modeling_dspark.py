@@ -1,0 +1,308 @@
+"""DSparkDrafter: context projection (Eq. 2), KV injection (Eq. 3), semi-autoregressive proposal (Eqs. 4-7)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.utils import ModelOutput, logging
+
+from .cache import DSparkDraftCache
+from .configuration_dspark import DSparkConfig
+from .functional import calibrated_confidence, semi_autoregressive_logits
+from .heads import ConfidenceHead, MarkovHead, build_sequential_head
+from .layers import DSparkDecoderLayer, DSparkRMSNorm, DSparkRope
+
+logger = logging.get_logger(__name__)
+
+# (draft position k (0-based), drafted tokens so far [R, k], logits [R, V]) -> processed logits [R, V]
+DraftLogitsProcessor = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class DSparkProposal:
+    """One round of drafts for R requests.
+
+    Attributes:
+        draft_ids: `[R, γ]` drafted tokens x_1..x_γ.
+        draft_probs: `[R, γ, V]` the full p_draft_k each token was drawn from (after the logits processors), or
+            `None` when not requested (greedy verification needs none).
+        draft_token_probs: `[R, γ]` p_draft_k(x_k).
+        confidence: `[R, γ]` calibrated c_k, or `None` without a confidence head.
+    """
+
+    draft_ids: torch.Tensor
+    draft_probs: torch.Tensor | None
+    draft_token_probs: torch.Tensor
+    confidence: torch.Tensor | None
+
+
+@dataclass
+class DSparkDrafterOutput(ModelOutput):
+    """Teacher-forced outputs: `logits` `[S, N, γ, V]` (U + B from gold previous tokens), `confidence_logits`
+    `[S, N, γ]` (before sigmoid and calibration), `hidden_states` `[S, N, γ, d]`."""
+
+    logits: torch.Tensor | None = None
+    confidence_logits: torch.Tensor | None = None
+    hidden_states: torch.Tensor | None = None
+
+
+@dataclass
+class _BoundTarget:
+    """The target's frozen embedding and LM head, held outside the module tree so they are never saved."""
+
+    embed_tokens: nn.Module
+    lm_head: nn.Module
+    target_id: int
+    name_or_path: str
+
+
+class DSparkPreTrainedModel(PreTrainedModel):
+    config_class = DSparkConfig
+    base_model_prefix = "dspark"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["DSparkDecoderLayer"]
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, DSparkDrafter) and module.mask_embedding is not None:
+            nn.init.normal_(module.mask_embedding, std=self.config.initializer_range)
+
+
+class DSparkDrafter(DSparkPreTrainedModel):
+    """The DSpark drafter. Bind it to its target with `bind_target` (or `from_pretrained(path, target=...)`)."""
+
+    def __init__(self, config: DSparkConfig) -> None:
+        super().__init__(config)
+        d = config.hidden_size
+        self.fc = nn.Linear(config.num_taps * d, d, bias=False)
+        self.hidden_norm = DSparkRMSNorm(d, config.rms_norm_eps)
+        self.layers = nn.ModuleList([DSparkDecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = DSparkRMSNorm(d, config.rms_norm_eps)
+        self.rotary = DSparkRope(config)
+        self.markov_head: MarkovHead | None = build_sequential_head(config)
+        self.confidence_head = ConfidenceHead(config) if config.use_confidence_head else None
+        self.mask_embedding = nn.Parameter(torch.zeros(d)) if config.mask_token_id is None else None
+        self._bound: _BoundTarget | None = None
+        self.post_init()
+
+    # ------------------------------------------------------------------ binding
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, target: nn.Module | None = None, **kw):
+        """Load a drafter (native, or the serving-engine / DFlash layouts via `hf_dspark.interop`) and bind it."""
+        from .interop.loading import load_drafter  # local import: interop imports this module
+
+        return load_drafter(cls, pretrained_model_name_or_path, *args, target=target, **kw)
+
+    def bind_target(self, target: PreTrainedModel) -> DSparkDrafter:
+        """Share the target's frozen embedding and LM head; move to its device and dtype; enable DSpark generate."""
+        from .binding import validate_target_shape
+
+        validate_target_shape(self.config, target)
+        embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
+        self._bound = _BoundTarget(embed, lm_head, id(target), str(getattr(target, "name_or_path", "")))
+        self.to(device=embed.weight.device, dtype=embed.weight.dtype)
+        from .generation import enable
+
+        enable(target)
+        return self
+
+    @property
+    def is_bound(self) -> bool:
+        return self._bound is not None
+
+    def bound_to(self, target: nn.Module) -> bool:
+        return self._bound is not None and self._bound.target_id == id(target)
+
+    def _require_bound(self) -> _BoundTarget:
+        if self._bound is None:
+            raise RuntimeError(
+                "This DSparkDrafter is not bound to a target model: it shares the target's embedding and LM head. "
+                "Call drafter.bind_target(target) or load with DSparkDrafter.from_pretrained(path, target=target)."
+            )
+        return self._bound
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self._require_bound().embed_tokens(input_ids) * self.config.embedding_multiplier
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """U_k: the target's LM head on drafter hidden states (fp32 out)."""
+        return self._require_bound().lm_head(hidden).float()
+
+    # ------------------------------------------------------------------ context (Eqs. 2-3)
+    def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
+        """Eq. (2): H_ctx = RMSNorm(W_c [H^(l1); ...; H^(ln)]). `[..., n·d]` -> `[..., d]`."""
+        return self.hidden_norm(self.fc(target_hidden.to(self.fc.weight.dtype)))
+
+    def init_cache(self, batch_size: int, capacity: int = 64) -> DSparkDraftCache:
+        ref = self.fc.weight
+        return DSparkDraftCache.empty(
+            len(self.layers), batch_size, self.config.num_key_value_heads, self.config.head_dim, ref.dtype,
+            ref.device, capacity,
+        )
+
+    @torch.no_grad()
+    def extend_context(self, cache: DSparkDraftCache, target_hidden: torch.Tensor, valid: torch.Tensor) -> None:
+        """Append newly committed tokens' context features to each row's cache.
+
+        target_hidden: `[R, n, n_taps·d]` concatenated tapped-layer outputs; valid: bool `[R, n]` marking which
+        entries are real committed tokens of that row, in order (padding anywhere is skipped).
+        """
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
+        hidden = target_hidden.gather(1, order[..., None].expand_as(target_hidden))
+        counts = valid.sum(dim=1)
+        n = int(counts.max().item()) if counts.numel() else 0
+        if n == 0:
+            return
+        hidden = hidden[:, :n]
+        cache.reserve(n)
+        ctx = self.project_context(hidden)
+        cos, sin = self.rotary(cache.positions_for(n), ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            keys, values = layer.self_attn.project_kv(ctx, cos, sin)
+            cache.write(i, keys, values)
+        cache.advance(counts)
+
+    # ------------------------------------------------------------------ block forward
+    def _block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """Anchor-first block [x_0, mask, ..., mask]: `[...]` anchors -> `[..., γ, d]` embeddings."""
+        anchor = self.embed(anchor_ids)[..., None, :]
+        if self.config.mask_token_id is not None:
+            mask_ids = torch.full_like(anchor_ids, self.config.mask_token_id)
+            mask = self.embed(mask_ids)[..., None, :]
+        else:
+            mask = self.mask_embedding.to(anchor.dtype).expand_as(anchor)
+        gamma = self.config.block_size
+        return torch.cat([anchor, mask.expand(*anchor.shape[:-2], gamma - 1, anchor.shape[-1])], dim=-2)
+
+    def _run_layers(self, hidden, positions, ctx_keys_fn, attn_mask) -> torch.Tensor:
+        """hidden `[B, Q, d]`; positions `[B, Q]`; ctx_keys_fn(layer_idx) -> (keys, values); mask `[B, Q, C+Q]`."""
+        cos, sin = self.rotary(positions, hidden.dtype)
+        for i, layer in enumerate(self.layers):
+            ctx_keys, ctx_values = ctx_keys_fn(i)
+            hidden = layer(hidden, cos, sin, ctx_keys, ctx_values, attn_mask)
+        return self.norm(hidden)
+
+    def block_hidden_states(self, anchor_ids: torch.Tensor, cache: DSparkDraftCache) -> torch.Tensor:
+        """h_1..h_γ for one block per row after each row's cached context: `[R]` -> `[R, γ, d]`."""
+        gamma = self.config.block_size
+        hidden = self._block_inputs(anchor_ids).to(self.fc.weight.dtype)
+        positions = cache.positions_for(gamma)
+        ctx_mask = cache.key_mask()[:, None, :].expand(-1, gamma, -1)
+        block_mask = torch.ones(hidden.shape[0], gamma, gamma, dtype=torch.bool, device=hidden.device)
+        attn_mask = torch.cat([ctx_mask, block_mask], dim=-1)
+        return self._run_layers(hidden, positions, lambda i: (cache.keys[i], cache.values[i]), attn_mask)
+
+    # ------------------------------------------------------------------ proposal (Eqs. 4-7)
+    def confidence_temperatures(self, greedy: bool, device) -> torch.Tensor:
+        return torch.tensor(self.config.temperatures_for(greedy), device=device, dtype=torch.float32)
+
+    @torch.no_grad()
+    def propose(
+        self,
+        anchor_ids: torch.Tensor,
+        cache: DSparkDraftCache,
+        *,
+        do_sample: bool = False,
+        logits_processor: DraftLogitsProcessor | None = None,
+        generator: torch.Generator | None = None,
+        return_probs: bool | None = None,
+    ) -> DSparkProposal:
+        """Draft γ tokens per row: x_k ~ softmax(process(U_k + B_k(x_0, x_<k))), left to right (Eq. 4).
+
+        anchor_ids: `[R]` last committed token of each row; cache: context of everything before the anchor.
+        `logits_processor(k, drafts_so_far [R, k], logits [R, V])` applies the same processors the target's
+        logits get (temperature, top-k/p, repetition penalty...) on the same prefix. Greedy picks the argmax.
+        """
+        return_probs = do_sample if return_probs is None else return_probs
+        hidden = self.block_hidden_states(anchor_ids, cache)
+        base_logits = self.lm_logits(hidden)
+        rows, gamma = anchor_ids.shape[0], self.config.block_size
+        drafts = anchor_ids.new_empty(rows, gamma)
+        token_probs = base_logits.new_empty(rows, gamma)
+        all_probs = base_logits.new_empty(rows, gamma, base_logits.shape[-1]) if return_probs else None
+        conf_logits = base_logits.new_empty(rows, gamma) if self.confidence_head is not None else None
+        head, state, prev = self.markov_head, None, anchor_ids
+        for k in range(gamma):
+            prev_embedding = head.embed_previous(prev) if head is not None else None
+            bias = None
+            if head is not None:
+                state, bias = head.step(state, prev_embedding, hidden[:, k])
+            logits = semi_autoregressive_logits(base_logits[:, k], bias)
+            if logits_processor is not None:
+                logits = logits_processor(k, drafts[:, :k], logits)
+            probs = torch.softmax(logits.float(), dim=-1)
+            if do_sample:
+                token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            else:
+                token = logits.argmax(dim=-1)
+            drafts[:, k] = token
+            token_probs[:, k] = probs.gather(-1, token[:, None]).squeeze(-1)
+            if all_probs is not None:
+                all_probs[:, k] = probs
+            if conf_logits is not None:
+                conf_logits[:, k] = self.confidence_head(hidden[:, k], prev_embedding).float()
+            prev = token
+        confidence = None
+        if conf_logits is not None:
+            confidence = calibrated_confidence(conf_logits, self.confidence_temperatures(not do_sample, hidden.device))
+        return DSparkProposal(drafts, all_probs, token_probs, confidence)
+
+    # ------------------------------------------------------------------ teacher-forced (training)
+    def forward(
+        self,
+        target_hidden: torch.Tensor,
+        input_ids: torch.Tensor,
+        anchor_positions: torch.Tensor,
+        context_mask: torch.Tensor | None = None,
+        return_logits: bool = True,
+        **kwargs: Any,
+    ) -> DSparkDrafterOutput:
+        """Teacher-forced forward over many anchor blocks per sequence.
+
+        target_hidden: `[S, L, n_taps·d]`; input_ids: `[S, L]`; anchor_positions: `[S, N]` (−1 marks an unused
+        block slot); context_mask: bool `[S, L]` of real tokens. Block n of sequence s sees the context tokens
+        before its anchor and its own γ slots, nothing else. The sequential head's bias at slot k uses the gold
+        previous token input_ids[a + k − 1] (the anchor for k = 1).
+        """
+        seqs, length = input_ids.shape
+        gamma, n_blocks = self.config.block_size, anchor_positions.shape[1]
+        device = input_ids.device
+        used = anchor_positions >= 0
+        anchors = anchor_positions.clamp_min(0)
+        offsets = torch.arange(gamma, device=device)
+        slot_pos = anchors[..., None] + offsets  # [S, N, γ]
+        prev_ids = input_ids.gather(1, slot_pos.clamp_max(length - 1).flatten(1)).view(seqs, n_blocks, gamma)
+
+        ctx = self.project_context(target_hidden)
+        ctx_pos = torch.arange(length, device=device)[None].expand(seqs, -1)
+        cos, sin = self.rotary(ctx_pos, ctx.dtype)
+        ctx_kv = [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
+
+        hidden = self._block_inputs(prev_ids[..., 0]).to(ctx.dtype).flatten(1, 2)  # [S, N·γ, d]
+        sees_ctx = torch.arange(length, device=device)[None, None, :] < anchors.view(seqs, n_blocks, 1)
+        if context_mask is not None:
+            sees_ctx = sees_ctx & context_mask[:, None, :].bool()
+        sees_ctx = sees_ctx.repeat_interleave(gamma, dim=1)  # [S, N·γ, L]
+        block_id = torch.arange(n_blocks, device=device).repeat_interleave(gamma)
+        sees_block = (block_id[:, None] == block_id[None, :])[None].expand(seqs, -1, -1)
+        attn_mask = torch.cat([sees_ctx & used.repeat_interleave(gamma, dim=1)[..., None], sees_block], dim=-1)
+        out = self._run_layers(hidden, slot_pos.flatten(1), lambda i: ctx_kv[i], attn_mask)
+        out = out.view(seqs, n_blocks, gamma, -1)
+
+        head = self.markov_head
+        prev_embedding = head.embed_previous(prev_ids) if head is not None else None
+        logits = None
+        if return_logits:
+            bias = head.teacher_forced_bias(prev_embedding, out) if head is not None else None
+            logits = semi_autoregressive_logits(self.lm_logits(out), bias)
+        conf = self.confidence_head(out, prev_embedding).float() if self.confidence_head is not None else None
+        return DSparkDrafterOutput(logits=logits, confidence_logits=conf, hidden_states=out)
+
+    def num_trainable_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)

@@ -1,0 +1,54 @@
+"""Helpers: tiny in-process random targets (Llama-like and Qwen3-like) and drafters for them."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+from hf_dspark import DSparkConfig, DSparkDrafter
+
+torch.set_num_threads(1)
+
+
+def tiny_llama_config(**overrides) -> LlamaConfig:
+    fields = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=96, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    fields.update(overrides)
+    return LlamaConfig(**fields)
+
+
+def tiny_qwen3_config(**overrides) -> Qwen3Config:
+    fields = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=96, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    )
+    fields.update(overrides)
+    return Qwen3Config(**fields)
+
+
+def make_target(kind: str = "llama", seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    if kind == "llama":
+        model = LlamaForCausalLM(tiny_llama_config(**overrides))
+    elif kind == "qwen3":
+        model = Qwen3ForCausalLM(tiny_qwen3_config(**overrides))
+    else:
+        raise ValueError(kind)
+    return model.eval()
+
+
+def make_drafter(target, seed: int = 1, **overrides) -> DSparkDrafter:
+    torch.manual_seed(seed)
+    fields = dict(block_size=4, markov_rank=8, target_layer_ids=[0, 2])
+    fields.update(overrides)
+    drafter = DSparkDrafter(DSparkConfig.from_target(target.config, **fields)).eval()
+    return drafter.bind_target(target)
+
+
+def tapped_features(target, input_ids, layer_ids, attention_mask=None) -> torch.Tensor:
+    """Concatenated outputs of the tapped decoder layers, `[B, L, n·d]`."""
+    with torch.no_grad():
+        out = target(input_ids, attention_mask=attention_mask, output_hidden_states=[i + 1 for i in layer_ids])
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
