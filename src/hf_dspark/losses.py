@@ -135,11 +135,15 @@ class DSparkLossOutput:
 
     def metrics(self) -> dict[str, float]:
         """Flat float metrics for logging: loss parts, `acc_rate_k{k}` (1-based), `tau_est`, `conf_mae`."""
-        out = {"loss_ce": float(self.ce), "loss_tv": float(self.tv), "tau_est": float(self.accepted_length)}
+        out = {
+            "loss_ce": self.ce.item(),
+            "loss_tv": self.tv.item(),
+            "tau_est": self.accepted_length.item(),
+        }
         if self.confidence is not None:
-            out["loss_conf"] = float(self.confidence)
+            out["loss_conf"] = self.confidence.item()
         if self.confidence_mae is not None:
-            out["conf_mae"] = float(self.confidence_mae)
+            out["conf_mae"] = self.confidence_mae.item()
         for k, rate in enumerate(self.acceptance_rate.tolist(), start=1):
             out[f"acc_rate_k{k}"] = rate
         return out

@@ -212,6 +212,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         logits_processor: DraftLogitsProcessor | None = None,
         generator: torch.Generator | None = None,
         return_probs: bool | None = None,
+        row_ids: list[int] | None = None,
     ) -> DSparkProposal:
         """Draft γ tokens per row: x_k ~ softmax(process(U_k + B_k(x_0, x_<k))), left to right (Eq. 4).
 

@@ -18,12 +18,13 @@ only host synchronisations are the input checks (`survival` monotone and free of
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -82,7 +83,7 @@ class StepCurve:
             )
         if any(int(b) != b or b < 1 for b in tokens):
             raise ValueError(f"batch_tokens must be positive integers, got {tokens}.")
-        if any(b1 <= b0 for b0, b1 in zip(tokens, tokens[1:])):
+        if any(b1 <= b0 for b0, b1 in itertools.pairwise(tokens)):
             raise ValueError(f"batch_tokens must be strictly ascending, got {tokens}.")
         if any(not math.isfinite(s) or s <= 0 for s in sps):
             raise ValueError(f"steps_per_second must be finite and > 0, got {sps}.")
@@ -113,13 +114,13 @@ class StepCurve:
             hi = torch.searchsorted(xs, b.contiguous(), right=True).clamp(1, xs.numel() - 1)
             x0, x1, y0, y1 = xs[hi - 1], xs[hi], ys[hi - 1], ys[hi]
             weight = ((b - x0) / (x1 - x0)).clamp(0.0, 1.0)
-            inside = y0 + weight * (y1 - y0)
+            inside = torch.lerp(y0, y1, weight)  # exact at the measured points
         beyond = ys[-1] * xs[-1] / b.clamp_min(1.0)
         return torch.where(b > xs[-1], beyond, inside)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: the points, the metadata and a format version."""
-        payload = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        payload = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         return {"format_version": _STEP_CURVE_FORMAT, **payload}
 
     def save(self, path: str | os.PathLike) -> None:
@@ -178,9 +179,7 @@ def _check_survival(survival: torch.Tensor) -> torch.Tensor:
     return survival.cummin(dim=-1).values if survival.shape[1] > 1 else survival
 
 
-def _sorted_path(
-    survival: torch.Tensor, step_curve: StepCurve
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _sorted_path(survival: torch.Tensor, step_curve: StepCurve) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Algorithm 1 steps 2-5b for every prefix at once.
 
     survival: `[R, γ]`. Returns (row_of_rank `[R·γ]` the request of the m-th candidate, theta `[R·γ + 1]` Θ after

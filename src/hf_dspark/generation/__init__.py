@@ -1,5 +1,19 @@
 """generate(assistant_model=drafter) integration and the batched DSpark loop."""
 
-from .dispatch import disable, enable
+from .candidate_generator import DSparkCandidateGenerator
+from .dispatch import disable, dspark_generate, enable, is_enabled
+from .loop import DSparkLoop, dspark_decoding
+from .policy import VerificationPolicy
+from .stats import DSparkGenerationStats
 
-__all__ = ["disable", "enable"]
+__all__ = [
+    "DSparkCandidateGenerator",
+    "DSparkGenerationStats",
+    "DSparkLoop",
+    "VerificationPolicy",
+    "disable",
+    "dspark_decoding",
+    "dspark_generate",
+    "enable",
+    "is_enabled",
+]

@@ -1,11 +1,84 @@
-"""Route `target.generate(assistant_model=<DSparkDrafter>)` to the DSpark loop (placeholder until the loop lands)."""
+"""Route `target.generate(assistant_model=<DSparkDrafter>)` to the DSpark loop without forking transformers.
+
+`generate` looks up `_assisted_decoding` on the target's *class*, so `enable(target)` gives that one instance a
+cached subclass (same class name, so saved configs and reprs are unchanged) whose `_assisted_decoding` runs the
+DSpark loop when the assistant is a `DSparkDrafter` and transformers' stock loop for every other assistant.
+`drafter.bind_target(target)` calls it. `disable(target)` restores the original class.
+
+For users who want no patching, `dspark_generate` is a `custom_generate` callable:
+`target.generate(**inputs, custom_generate=dspark_generate, drafter=drafter)` (transformers then drops
+`assistant_model` and `streamer`; pass `dspark_streamer=` instead).
+"""
 
 from __future__ import annotations
 
+from ..modeling_dspark import DSparkDrafter
+from .loop import dspark_decoding
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _requested_beams(model, kwargs) -> int:
+    if kwargs.get("num_beams") is not None:
+        return int(kwargs["num_beams"])
+    config = kwargs.get("generation_config") or model.generation_config
+    return int(getattr(config, "num_beams", 1) or 1)
+
+
+def _dspark_subclass(cls: type) -> type:
+    if cls in _SUBCLASSES:
+        return _SUBCLASSES[cls]
+
+    def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                           synced_gpus=False, streamer=None, inputs_tensor=None, assistant_model=None,
+                           assistant_tokenizer=None, tokenizer=None, **model_kwargs):
+        if isinstance(assistant_model, DSparkDrafter):
+            return dspark_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                                   streamer=streamer, assistant_model=assistant_model, **model_kwargs)
+        return cls._assisted_decoding(
+            self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
+            streamer=streamer, inputs_tensor=inputs_tensor, assistant_model=assistant_model,
+            assistant_tokenizer=assistant_tokenizer, tokenizer=tokenizer, **model_kwargs,
+        )
+
+    def generate(self, *args, assistant_model=None, **kwargs):
+        if isinstance(assistant_model, DSparkDrafter) and _requested_beams(self, kwargs) > 1:
+            # transformers would silently ignore the assistant and run beam search.
+            raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
+        return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)
+
+    sub = type(cls.__name__, (cls,), {
+        "_assisted_decoding": _assisted_decoding, "generate": generate, "_dspark_base_class": cls,
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+    })
+    _SUBCLASSES[cls] = sub
+    return sub
+
 
 def enable(target) -> None:
-    return None
+    """Make `target.generate(assistant_model=drafter)` run DSpark for DSpark drafters (this instance only)."""
+    cls = type(target)
+    if getattr(cls, "_dspark_base_class", None) is not None:
+        return
+    target.__class__ = _dspark_subclass(cls)
 
 
 def disable(target) -> None:
-    return None
+    """Undo `enable(target)`."""
+    base = getattr(type(target), "_dspark_base_class", None)
+    if base is not None:
+        target.__class__ = base
+
+
+def is_enabled(target) -> bool:
+    return getattr(type(target), "_dspark_base_class", None) is not None
+
+
+def dspark_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                    drafter: DSparkDrafter | None = None, dspark_streamer=None, **model_kwargs):
+    """`custom_generate` entry point: `model.generate(**inputs, custom_generate=dspark_generate, drafter=d)`."""
+    if drafter is None:
+        raise ValueError("dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, "
+                         "drafter=drafter)")
+    return dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                           streamer=dspark_streamer, assistant_model=drafter, **model_kwargs)

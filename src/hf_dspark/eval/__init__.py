@@ -1,0 +1,1 @@
+"""Evaluation and benchmarks: accepted length, speed, serving load."""

@@ -1,0 +1,94 @@
+"""Per-row token histories, stopping, and the checks run before a DSpark generate call."""
+
+from __future__ import annotations
+
+import torch
+
+from ..binding import validate_target_shape
+from ..modeling_dspark import DSparkDrafter
+
+
+def validate_call(model, drafter, generation_config) -> None:
+    """Raise a clear error for every setting the DSpark loop does not support."""
+    if not isinstance(drafter, DSparkDrafter):
+        raise TypeError(f"the DSpark loop needs a DSparkDrafter as assistant, got {type(drafter).__name__}")
+    if getattr(model.config, "is_encoder_decoder", False):
+        raise ValueError("DSpark speculative decoding supports decoder-only targets, not encoder-decoder models.")
+    if (generation_config.num_beams or 1) > 1:
+        raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
+    if (generation_config.num_return_sequences or 1) > 1:
+        raise ValueError(
+            "DSpark generates one sequence per prompt: set num_return_sequences=1 and repeat the prompt in the "
+            "batch instead (batches of any size are supported)."
+        )
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        raise ValueError(
+            "output_attentions / output_hidden_states are not available with DSpark (the target runs on "
+            "ragged verification blocks); use output_scores or output_logits."
+        )
+    if drafter.is_bound and not drafter.bound_to(model):
+        raise ValueError(
+            "This drafter is bound to a different target model instance. Bind it to the model you generate "
+            "with: drafter.bind_target(model)."
+        )
+    validate_target_shape(drafter.config, model)
+    if not drafter.is_bound:
+        drafter.bind_target(model)
+
+
+class RowState:
+    """Token histories of the original batch rows (left padding included, as plain generate keeps them)."""
+
+    def __init__(self, input_ids: torch.Tensor, stopping_criteria, generation_config) -> None:
+        self.histories = [row.clone() for row in input_ids]
+        self.prompt_width = input_ids.shape[1]
+        self.stopping_criteria = stopping_criteria
+        self.finished = [False] * input_ids.shape[0]
+        self.max_length = generation_config.max_length
+        pad = getattr(generation_config, "_pad_token_tensor", None)
+        self.pad_token_id = int(pad.reshape(-1)[0]) if pad is not None else 0
+        self.keep_scores = bool(generation_config.return_dict_in_generate and generation_config.output_scores)
+        self.keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
+        self.scores: list[list[torch.Tensor]] = [[] for _ in self.histories]
+        self.logits: list[list[torch.Tensor]] = [[] for _ in self.histories]
+
+    def history(self, row: int) -> torch.Tensor:
+        return self.histories[row]
+
+    def remaining(self, row: int) -> int:
+        return self.max_length - int(self.histories[row].shape[0])
+
+    def commit(self, row: int, tokens: list[int], scores: torch.Tensor, raw_logits: torch.Tensor) -> int:
+        """Append tokens one at a time through the stopping criteria; returns how many were kept."""
+        history = self.histories[row]
+        for i, token in enumerate(tokens):
+            history = torch.cat([history, history.new_tensor([token])])
+            if self.keep_scores:
+                self.scores[row].append(scores[i])
+            if self.keep_logits:
+                self.logits[row].append(raw_logits[i])
+            if bool(self.stopping_criteria(history[None, :], scores[i : i + 1]).any()):
+                self.finished[row] = True
+                self.histories[row] = history
+                return i + 1
+        self.histories[row] = history
+        return len(tokens)
+
+    def sequences(self) -> torch.Tensor:
+        """`[B, prompt + longest generation]`, finished rows padded with the pad token, as plain generate does."""
+        width = max(h.shape[0] for h in self.histories)
+        out = self.histories[0].new_full((len(self.histories), width), self.pad_token_id)
+        for r, history in enumerate(self.histories):
+            out[r, : history.shape[0]] = history
+        return out
+
+    def step_scores(self, kind: str) -> tuple[torch.Tensor, ...]:
+        """Per generated step, `[B, V]`. Rows that had already finished get a one-hot pad distribution."""
+        per_row = self.scores if kind == "scores" else self.logits
+        steps = max(len(s) for s in per_row)
+        vocab = next(s[0].shape[-1] for s in per_row if s)
+        filler = torch.full((vocab,), -float("inf"))
+        filler[self.pad_token_id] = 0.0
+        return tuple(
+            torch.stack([s[t] if t < len(s) else filler.to(s[0]) for s in per_row if s]) for t in range(steps)
+        )

@@ -1,0 +1,214 @@
+"""`hf-dspark prepare-data`: regenerate every assistant turn of prompt JSONL files with the target itself.
+
+Input lines are `{"turns": [user_1, user_2, ...]}` (the `data/train` format). Turn i is answered by the target with
+its chat template after the *regenerated* replies to turns < i. Output is a folder of JSONL shards (see
+`training.data` for the format and why plain JSONL); each shard is written whole with `os.replace`, and a rerun
+skips every prompt id already present, so an interrupted run resumes where the last finished shard ended.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging
+
+from .data import expand_jsonl_paths, iter_jsonl, write_jsonl_atomic
+
+logger = logging.get_logger(__name__)
+
+SHARD_PATTERN = re.compile(r"shard-(\d+)\.jsonl$")
+
+
+@dataclass
+class PrepareDataConfig:
+    """Settings of `prepare_data`.
+
+    Args:
+        inputs: prompt JSONL files or folders of them (`{"turns": [...]}` per line).
+        output_dir: folder receiving `shard-NNNNN.jsonl` files (created if missing).
+        target: model path or Hub id; `None` uses the embedded default target (SmolLM2-135M-Instruct GGUF).
+        gguf_file: GGUF file name inside `target`, when the target is a GGUF folder.
+        dtype: target dtype, `"bfloat16"` or `"float32"`.
+        temperature, top_p, top_k: sampling settings (default: SmolLM2's recommended T=0.7, top-p 0.9);
+            `temperature=0` decodes greedily.
+        max_new_tokens: reply length limit (a reply that hits it is marked `truncated`).
+        max_prompt_tokens: user turns longer than this are cut to this many tokens before templating.
+        system_prompt: optional system message (`None`: the chat template's own default).
+        batch_size: prompts generated together (left padding).
+        shard_size: conversations per output shard (work lost on interruption is at most one shard).
+        max_prompts_per_file: take only the first n prompts of each input file (`None`: all).
+        seed: base seed; batch b of a shard s is sampled with seed + 1_000_003·s + b.
+        num_threads: torch CPU threads (`None`: leave torch's default).
+    """
+
+    inputs: list[str]
+    output_dir: str
+    target: str | None = None
+    gguf_file: str | None = None
+    dtype: str = "bfloat16"
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int | None = None
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 512
+    system_prompt: str | None = None
+    batch_size: int = 8
+    shard_size: int = 256
+    max_prompts_per_file: int | None = None
+    seed: int = 0
+    num_threads: int | None = None
+    extra_generate_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inputs, (str, Path)):
+            self.inputs = [str(self.inputs)]
+        if not self.inputs:
+            raise ValueError("inputs is empty; pass prompt JSONL files, e.g. data/train/gsm8k_train.jsonl.")
+        if self.dtype not in ("bfloat16", "float32", "float16"):
+            raise ValueError(f"dtype must be 'bfloat16', 'float16' or 'float32', got {self.dtype!r}.")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {self.temperature}, {self.top_p}.")
+        for name in ("max_new_tokens", "max_prompt_tokens", "batch_size", "shard_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+
+
+def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):
+    """(model, tokenizer) for a path/Hub id, or the embedded default target when `target` is None."""
+    if target is None:
+        from ..defaults import load_default_target
+
+        return load_default_target(dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(target, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, **kwargs).eval()
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def read_prompts(config: PrepareDataConfig) -> list[dict[str, Any]]:
+    """All prompts as `{"id", "source", "turns"}`, ids `<file stem>:<line index>` (stable across reruns)."""
+    prompts = []
+    for path in expand_jsonl_paths(config.inputs):
+        for index, record in enumerate(iter_jsonl(path)):
+            if config.max_prompts_per_file is not None and index >= config.max_prompts_per_file:
+                break
+            turns = record.get("turns")
+            if not turns or not all(isinstance(t, str) for t in turns):
+                raise ValueError(f"{path} line {index + 1} needs a non-empty list of strings under 'turns'.")
+            prompts.append({"id": record.get("id", f"{path.stem}:{index}"), "source": path.stem, "turns": turns})
+    return prompts
+
+
+def existing_shards(output_dir: Path) -> tuple[set[str], int]:
+    """Ids already written and the next free shard number."""
+    done: set[str] = set()
+    next_shard = 0
+    for path in sorted(output_dir.glob("shard-*.jsonl")):
+        match = SHARD_PATTERN.search(path.name)
+        if match:
+            next_shard = max(next_shard, int(match.group(1)) + 1)
+            done.update(record["id"] for record in iter_jsonl(path))
+    return done, next_shard
+
+
+def _cut_prompt(tokenizer, text: str, max_tokens: int) -> str:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens])
+
+
+def _stop_ids(model, tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    configured = getattr(model.generation_config, "eos_token_id", None)
+    ids.update(configured if isinstance(configured, list) else [configured])
+    return sorted(i for i in ids if i is not None)
+
+
+@torch.no_grad()
+def generate_replies(
+    model, tokenizer, conversations: list[list[dict[str, str]]], config: PrepareDataConfig, seed: int
+) -> list[tuple[str, bool]]:
+    """One batch: (reply text, truncated) for each message list (ending with a user turn), left padded."""
+    texts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in conversations]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    stop_ids = _stop_ids(model, tokenizer)
+    sampling = {"do_sample": False}
+    if config.temperature > 0:
+        sampling = {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p}
+        if config.top_k is not None:
+            sampling["top_k"] = config.top_k
+    torch.manual_seed(seed)
+    output = model.generate(
+        **batch, max_new_tokens=config.max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
+        **sampling, **config.extra_generate_kwargs,
+    )
+    replies = []
+    for row in output[:, batch["input_ids"].shape[1] :].tolist():
+        stops = [i for i, token in enumerate(row) if token in stop_ids]
+        end = stops[0] if stops else len(row)
+        replies.append((tokenizer.decode(row[:end], skip_special_tokens=True), not stops))
+    return replies
+
+
+def regenerate_chunk(model, tokenizer, prompts: list[dict[str, Any]], config: PrepareDataConfig, seed: int, bar):
+    """Regenerate all turns of a chunk of prompts, turn by turn, in length-sorted batches."""
+    states = [{**p, "responses": [], "truncated": []} for p in prompts]
+    cut = {id(s): [_cut_prompt(tokenizer, t, config.max_prompt_tokens) for t in s["turns"]] for s in states}
+    max_turns = max(len(s["turns"]) for s in states)
+    for turn in range(max_turns):
+        active = sorted((s for s in states if len(s["turns"]) > turn), key=lambda s: len(cut[id(s)][turn]))
+        for start in range(0, len(active), config.batch_size):
+            group = active[start : start + config.batch_size]
+            conversations = []
+            for state in group:
+                messages = [{"role": "system", "content": config.system_prompt}] if config.system_prompt else []
+                for user, reply in zip(cut[id(state)], state["responses"]):
+                    messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+                conversations.append([*messages, {"role": "user", "content": cut[id(state)][turn]}])
+            for state, (reply, truncated) in zip(
+                group, generate_replies(model, tokenizer, conversations, config, seed + start + 7919 * turn)
+            ):
+                state["responses"].append(reply)
+                state["truncated"].append(truncated)
+            bar.update(sum(1 for s in group if len(s["turns"]) == turn + 1))
+    for state in states:
+        state["turns"] = cut[id(state)]
+    return states
+
+
+def prepare_data(config: PrepareDataConfig, model=None, tokenizer=None) -> Path:
+    """Regenerate replies for every prompt not yet in `config.output_dir`; returns the output folder.
+
+    `model`/`tokenizer` may be passed to reuse an already loaded target (otherwise `config.target` is loaded).
+    """
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    output_dir = Path(config.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    prompts = read_prompts(config)
+    done, shard = existing_shards(output_dir)
+    pending = [p for p in prompts if p["id"] not in done]
+    logger.warning(f"prepare-data: {len(prompts)} prompts, {len(prompts) - len(pending)} already done")
+    if not pending:
+        return output_dir
+    if model is None or tokenizer is None:
+        model, tokenizer = load_target(config.target, config.gguf_file, getattr(torch, config.dtype))
+    model.eval()
+    with tqdm(total=len(pending), desc="regenerating", unit="prompt") as bar:
+        for start in range(0, len(pending), config.shard_size):
+            chunk = pending[start : start + config.shard_size]
+            records = regenerate_chunk(model, tokenizer, chunk, config, config.seed + 1_000_003 * shard, bar)
+            order = {p["id"]: i for i, p in enumerate(chunk)}
+            records.sort(key=lambda r: order[r["id"]])
+            write_jsonl_atomic(output_dir / f"shard-{shard:05d}.jsonl", records)
+            shard += 1
+    return output_dir

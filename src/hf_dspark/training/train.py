@@ -1,0 +1,189 @@
+"""`train(config, args)`: the library entry behind `hf-dspark train` (and `accelerate launch -m hf_dspark.training`).
+
+Example (the embedded default target, online features)::
+
+    from hf_dspark.training import DSparkTrainConfig, DSparkTrainingArguments, train
+
+    config = DSparkTrainConfig(data=["data/train_regenerated"], head_type="markov", markov_rank=256)
+    args = DSparkTrainingArguments(output_dir="runs/dspark", max_steps=2000, per_device_train_batch_size=4,
+                                   learning_rate=6e-4, logging_steps=10, save_steps=200)
+    train(config, args)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import logging
+
+from ..configuration_dspark import HEAD_TYPES, DSparkConfig
+from ..modeling_dspark import DSparkDrafter
+from .data import DSparkDataset, build_dataset, load_conversations, split_validation
+from .features import TargetFeatureProvider, build_feature_cache
+from .trainer import DSparkTrainer, DSparkTrainingArguments
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class DSparkTrainConfig:
+    """What to train on and which drafter to build (the optimisation settings are `DSparkTrainingArguments`).
+
+    Args:
+        data: regenerated conversation JSONL files or folders (prepare-data shards, `data/train_regenerated`).
+        target: target path / Hub id; `None` uses the embedded default target (SmolLM2-135M-Instruct GGUF).
+        gguf_file: GGUF file inside `target` when it is a GGUF folder.
+        target_dtype: dtype of the frozen target and of the drafter while training (`float32` or `bfloat16`).
+        init_drafter: start from this trained drafter folder instead of a fresh one (the fields below are then
+            taken from its config).
+        block_size, num_hidden_layers, head_type, markov_rank, target_layer_ids, use_confidence_head,
+        confidence_with_markov, mask_token_id: `DSparkConfig` fields of a fresh drafter.
+        max_length: tokens per training sequence (cut from the right).
+        max_new_tokens: generation limit of the data (infers truncated replies in files without `truncated`).
+        validation_fraction: share of conversations held out as `eval_dataset` (deterministic, `args.seed`).
+        max_examples: use only the first n conversations (smoke tests).
+        num_threads: torch CPU threads per process (`None`: torch's default).
+        feature_cache_batch_size: target batch size while building an offline feature cache.
+    """
+
+    data: list[str] = field(default_factory=list, metadata={"help": "Regenerated conversation JSONL files/dirs."})
+    target: str | None = None
+    gguf_file: str | None = None
+    target_dtype: str = "float32"
+    init_drafter: str | None = None
+    block_size: int = 7
+    num_hidden_layers: int = 2
+    head_type: str = "markov"
+    markov_rank: int = 256
+    target_layer_ids: list[int] | None = None
+    use_confidence_head: bool = True
+    confidence_with_markov: bool = True
+    mask_token_id: int | None = None
+    max_length: int = 1024
+    max_new_tokens: int = 256
+    validation_fraction: float = 0.02
+    max_examples: int | None = None
+    num_threads: int | None = None
+    feature_cache_batch_size: int = 4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, (str, Path)):
+            self.data = [str(self.data)]
+        if not self.data:
+            raise ValueError("data is empty; pass regenerated JSONL files, e.g. data/train_regenerated.")
+        if self.target_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"target_dtype must be float32, bfloat16 or float16, got {self.target_dtype!r}.")
+        if self.head_type not in HEAD_TYPES:
+            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
+        if not 0 <= self.validation_fraction < 1:
+            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}.")
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {self.max_length}.")
+
+    def drafter_overrides(self) -> dict:
+        overrides = {
+            "block_size": self.block_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "head_type": self.head_type,
+            "markov_rank": self.markov_rank,
+            "use_confidence_head": self.use_confidence_head,
+            "confidence_with_markov": self.confidence_with_markov,
+            "mask_token_id": self.mask_token_id,
+        }
+        if self.target_layer_ids:
+            overrides["target_layer_ids"] = list(self.target_layer_ids)
+        return overrides
+
+
+def load_training_target(config: DSparkTrainConfig):
+    """(target, tokenizer or None): the default target, or `config.target` (a folder without a tokenizer is fine
+    when the data is pre-tokenised)."""
+    dtype = getattr(torch, config.target_dtype)
+    if config.target is None:
+        from ..defaults import load_default_target
+
+        target, tokenizer = load_default_target(dtype)
+    else:
+        kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
+        target = AutoModelForCausalLM.from_pretrained(config.target, dtype=dtype, **kwargs)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(config.target, **kwargs)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None
+    return target.eval().requires_grad_(False), tokenizer
+
+
+def build_drafter(config: DSparkTrainConfig, target) -> DSparkDrafter:
+    """A fresh drafter shaped after `target` (or `config.init_drafter`), bound to it."""
+    if config.init_drafter:
+        return DSparkDrafter.from_pretrained(config.init_drafter, target=target)
+    drafter_config = DSparkConfig.from_target(target.config, **config.drafter_overrides())
+    drafter = DSparkDrafter(drafter_config)
+    drafter.bind_target(target)
+    return drafter
+
+
+def _resume_path(args: DSparkTrainingArguments) -> str | bool | None:
+    """`resume_from_checkpoint`: a path, or `auto`/`last`/`true` for the newest checkpoint in output_dir if any."""
+    value = args.resume_from_checkpoint
+    if isinstance(value, str) and value.lower() in ("auto", "last", "true"):
+        last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+        if last is None:
+            logger.warning(f"no checkpoint in {args.output_dir}; starting from scratch")
+        return last
+    return value
+
+
+def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTrainer:
+    """Load the target and data, build (or load) the drafter, train it, save it to `args.output_dir`.
+
+    Works unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed configs; see training/README_snippet.md).
+    Returns the trainer (its `.model` is the trained drafter, `.state.log_history` the logs).
+    """
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    set_seed(args.seed)
+    target, tokenizer = load_training_target(config)
+    drafter = build_drafter(config, target)
+    records = load_conversations(config.data)[: config.max_examples]
+    dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
+    train_examples, val_examples = split_validation(dataset.examples, config.validation_fraction, args.seed)
+    train_set = DSparkDataset(train_examples)
+    eval_set = DSparkDataset(val_examples) if val_examples else None
+    logger.warning(
+        f"training {drafter.num_trainable_parameters():,} drafter parameters on {len(train_set)} sequences "
+        f"({train_set.num_loss_tokens():,} loss tokens), {len(val_examples)} for validation"
+    )
+    provider = None
+    if args.feature_mode == "offline":
+        layer_ids = drafter.config.target_layer_ids
+        with args.main_process_first(desc="building the feature cache"):
+            build_feature_cache(target.to(args.device), dataset.examples, args.feature_cache_dir, layer_ids,
+                                batch_size=config.feature_cache_batch_size)
+        provider = TargetFeatureProvider.offline(args.feature_cache_dir, target, layer_ids)
+    pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
+    trainer = DSparkTrainer(
+        model=drafter, args=args, target=target, feature_provider=provider, pad_token_id=pad_id,
+        train_dataset=train_set, eval_dataset=eval_set,
+    )
+    trainer.train(resume_from_checkpoint=_resume_path(args))
+    trainer.save_model(args.output_dir)
+    return trainer
+
+
+def parse_train_args(argv: Sequence[str] | None = None) -> tuple[DSparkTrainConfig, DSparkTrainingArguments]:
+    """Command-line flags: every `DSparkTrainConfig` and `DSparkTrainingArguments` field (HfArgumentParser)."""
+    parser = HfArgumentParser((DSparkTrainConfig, DSparkTrainingArguments))
+    config, args = parser.parse_args_into_dataclasses(args=list(argv) if argv is not None else None)
+    return config, args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m hf_dspark.training --data ... --output_dir ...` (also under `accelerate launch -m`)."""
+    train(*parse_train_args(argv))

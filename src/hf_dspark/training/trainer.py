@@ -1,0 +1,173 @@
+"""`DSparkTrainer(Trainer)` and `DSparkTrainingArguments(TrainingArguments)` (DESIGN.md section 5).
+
+Only the drafter is the Trainer's model: the target is passed separately, frozen, and never wrapped, optimised
+or saved. Each step gets the target's features from a `TargetFeatureProvider`, runs the drafter teacher-forced
+over the collator's anchor blocks, computes the target's logits at the labelled positions from its final hidden
+state, and minimises Eq. (14). Everything else (accelerate / DDP / FSDP / DeepSpeed, checkpoints and resuming,
+logging integrations) is the stock Trainer.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainingArguments
+from transformers.utils import logging
+
+from ..losses import DSparkLossOutput, dspark_loss
+from .collator import DSparkCollator
+from .features import TargetFeatureProvider, target_logits_at
+
+logger = logging.get_logger(__name__)
+
+FEATURE_MODES = ("online", "offline")
+
+
+@dataclass
+class DSparkTrainingArguments(TrainingArguments):
+    """`TrainingArguments` plus the DSpark objective and feature settings (all independent of γ).
+
+    Args:
+        alpha_ce, alpha_tv, alpha_conf: weights of Eq. (14) (paper defaults 0.1, 0.9, 1.0).
+        anchors_per_sequence: anchor blocks sampled per sequence per step (N).
+        feature_mode: `"online"` (the target runs in-process, default) or `"offline"` (safetensors cache).
+        feature_cache_dir: folder of the offline cache (required with `feature_mode="offline"`).
+        remove_unused_columns: defaults to False here: the batch keys are not the drafter's forward arguments.
+    """
+
+    alpha_ce: float = field(default=0.1, metadata={"help": "α_ce, weight of the cross-entropy loss (Eq. 11)."})
+    alpha_tv: float = field(default=0.9, metadata={"help": "α_tv, weight of the total-variation loss (Eq. 12)."})
+    alpha_conf: float = field(default=1.0, metadata={"help": "α_conf, weight of the confidence BCE (Eq. 13)."})
+    anchors_per_sequence: int = field(default=16, metadata={"help": "Anchor blocks sampled per sequence."})
+    feature_mode: str = field(default="online", metadata={"help": "Target features: 'online' or 'offline'."})
+    feature_cache_dir: str | None = field(default=None, metadata={"help": "Offline feature cache folder."})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "Keep False for DSpark batches."})
+
+    def __post_init__(self) -> None:
+        if self.feature_mode not in FEATURE_MODES:
+            raise ValueError(f"feature_mode must be one of {FEATURE_MODES}, got {self.feature_mode!r}.")
+        if self.feature_mode == "offline" and not self.feature_cache_dir:
+            raise ValueError("feature_mode='offline' needs feature_cache_dir (a folder for the safetensors cache).")
+        if self.anchors_per_sequence < 1:
+            raise ValueError(f"anchors_per_sequence must be >= 1, got {self.anchors_per_sequence}.")
+        if min(self.alpha_ce, self.alpha_tv, self.alpha_conf) < 0:
+            raise ValueError("alpha_ce, alpha_tv and alpha_conf must be >= 0.")
+        if self.remove_unused_columns:
+            raise ValueError("remove_unused_columns=True would drop the DSpark batch keys; leave it False.")
+        super().__post_init__()
+
+    @property
+    def alpha(self) -> tuple[float, float, float]:
+        return (self.alpha_ce, self.alpha_tv, self.alpha_conf)
+
+
+def unwrap_drafter(model: nn.Module) -> nn.Module:
+    """The DSparkDrafter inside DDP / accelerate / PEFT wrappers."""
+    while hasattr(model, "module"):
+        model = model.module
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+class DSparkTrainer(Trainer):
+    """Trains a bound `DSparkDrafter` against a frozen target.
+
+    Args:
+        model: the drafter (or a PEFT-wrapped drafter), already bound to `target` (`drafter.bind_target(target)`).
+        args: `DSparkTrainingArguments`.
+        target: the frozen target model; moved to `args.device`, not a Trainer parameter, never saved.
+        feature_provider: where target features come from (default: online from `target`).
+        **kwargs: the usual `Trainer` arguments (`train_dataset`, `eval_dataset`, `data_collator`, callbacks...).
+            The default collator is `DSparkCollator(γ, args.anchors_per_sequence, pad_token_id)`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: DSparkTrainingArguments,
+        target: nn.Module,
+        feature_provider: TargetFeatureProvider | None = None,
+        pad_token_id: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(args, DSparkTrainingArguments):
+            raise TypeError("DSparkTrainer needs DSparkTrainingArguments (they carry the loss weights).")
+        drafter = unwrap_drafter(model)
+        if not getattr(drafter, "bound_to", lambda _: False)(target):
+            raise ValueError("the drafter is not bound to this target; call drafter.bind_target(target) first.")
+        self.target = target.to(args.device).eval().requires_grad_(False)
+        self.feature_provider = feature_provider or TargetFeatureProvider.online(
+            self.target, drafter.config.target_layer_ids
+        )
+        if list(self.feature_provider.layer_ids) != list(drafter.config.target_layer_ids):
+            raise ValueError(
+                f"the feature provider taps layers {self.feature_provider.layer_ids} but the drafter was built for "
+                f"{drafter.config.target_layer_ids}; rebuild the cache or the drafter with matching layers."
+            )
+        kwargs.setdefault(
+            "data_collator", DSparkCollator(drafter.config.block_size, args.anchors_per_sequence, pad_token_id)
+        )
+        super().__init__(model=model, args=args, **kwargs)
+        self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
+        self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
+        self._metric_counts = {"train": 0, "eval": 0}
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, torch.Tensor],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ):
+        """Eq. (14) on one batch of anchor blocks; stores per-position acceptance, τ estimate and confidence MAE."""
+        features = self.feature_provider(inputs)
+        outputs = model(
+            target_hidden=features.tapped_hidden,
+            input_ids=inputs["input_ids"],
+            anchor_positions=inputs["anchor_positions"],
+            context_mask=inputs["attention_mask"].bool(),
+        )
+        lm_head = self.target.get_output_embeddings()
+        target_logits = target_logits_at(features.final_hidden, inputs["target_positions"], lm_head)
+        parts = dspark_loss(
+            outputs.logits, target_logits, inputs["labels"], outputs.confidence_logits, alpha=self.args.alpha
+        )
+        self._store_metrics(parts, "train" if model.training else "eval")
+        return (parts.loss, outputs) if return_outputs else parts.loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        """Evaluation: the DSpark loss (and stored metrics) only; no logits are gathered."""
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad():
+            loss = self.compute_loss(model, inputs)
+        return loss.detach(), None, None
+
+    def _store_metrics(self, parts: DSparkLossOutput, mode: str) -> None:
+        for name, value in parts.metrics().items():
+            self._metric_sums[mode][name] += value
+        self._metric_counts[mode] += 1
+
+    def _reduced_metrics(self, mode: str) -> dict[str, float]:
+        """Means of the stored metrics since the last log, averaged over processes."""
+        sums, count = self._metric_sums[mode], self._metric_counts[mode]
+        keys = sorted(sums)
+        values = torch.tensor([sums[k] for k in keys] + [float(count)], dtype=torch.float64)
+        if self.accelerator.num_processes > 1:
+            values = self.accelerator.reduce(values.to(self.args.device), reduction="sum").cpu()
+        self._metric_sums[mode], self._metric_counts[mode] = defaultdict(float), 0
+        total = float(values[-1])
+        if total == 0:
+            return {}
+        return {key: float(v) / total for key, v in zip(keys, values[:-1].tolist())}
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
+        if self._metric_counts[mode]:  # equal on every rank: all ranks run the same steps
+            prefix = "eval_" if mode == "eval" else ""
+            logs.update({prefix + key: round(value, 5) for key, value in self._reduced_metrics(mode).items()})
+        super().log(logs, start_time)

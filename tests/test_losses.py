@@ -1,0 +1,129 @@
+"""Tests for the DSpark losses (Eqs. 11-14)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_dspark.functional import position_weights
+from hf_dspark.losses import (
+    IGNORE_INDEX,
+    accepted_length_estimate,
+    ce_loss,
+    combine_losses,
+    confidence_loss,
+    dspark_loss,
+    tv_loss,
+    weighted_position_mean,
+)
+
+
+def _logits(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_position_weights_match_formula():
+    gamma = 4
+    expected = torch.tensor([math.exp(-(k - 1) / gamma) for k in range(1, gamma + 1)])
+    torch.testing.assert_close(position_weights(gamma), expected)
+
+
+def test_equal_distributions_give_zero_tv_and_full_acceptance():
+    logits = _logits(2, 3, 4, 11)
+    labels = torch.randint(0, 11, (2, 3, 4))
+    out = dspark_loss(logits, logits.clone(), labels, confidence_logits=torch.zeros(2, 3, 4))
+    assert out.tv.item() == pytest.approx(0.0, abs=1e-6)
+    torch.testing.assert_close(out.acceptance_rate, torch.ones(4))
+    assert out.accepted_length.item() == pytest.approx(5.0)  # 1 + γ
+    assert out.confidence_mae.item() == pytest.approx(0.5)  # σ(0) against c* = 1
+
+
+def test_ce_hand_computed():
+    # one block, γ = 2, V = 2: p = softmax([0, 0]) = 0.5 at k=1; softmax([ln 3, 0]) = 0.75 at k=2
+    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]]])
+    labels = torch.tensor([[1, 0]])
+    w = position_weights(2)
+    expected = (w[0] * math.log(2.0) + w[1] * -math.log(0.75)) / w.sum()
+    assert ce_loss(logits, labels, w).item() == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_tv_hand_computed():
+    p_draft = torch.tensor([[[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]])
+    p_target = torch.tensor([[[0.5, 0.0, 0.5], [1.0, 0.0, 0.0]]])
+    w = torch.tensor([1.0, 0.5])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    # ‖·‖₁ = 1.0 at k=1, 0 at k=2 -> (1·1 + 0.5·0) / 1.5
+    assert tv_loss(p_draft, p_target, mask, w).item() == pytest.approx(1.0 / 1.5)
+
+
+def test_confidence_loss_is_bce_against_detached_soft_label():
+    logits = torch.tensor([[0.0, 2.0]], requires_grad=True)
+    target = torch.tensor([[0.25, 1.0]], requires_grad=True)
+    w = torch.tensor([1.0, 1.0])
+    loss = confidence_loss(logits, target, torch.ones(1, 2, dtype=torch.bool), w)
+    s = 1 / (1 + math.exp(-2.0))
+    expected = (-(0.25 * math.log(0.5) + 0.75 * math.log(0.5)) - math.log(s)) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    loss.backward()
+    assert target.grad is None and logits.grad is not None
+
+
+def test_invalid_positions_are_ignored():
+    logits = _logits(1, 2, 3, 7, seed=1)
+    target = _logits(1, 2, 3, 7, seed=2)
+    labels = torch.randint(0, 7, (1, 2, 3))
+    labels[0, 1, 2] = IGNORE_INDEX
+    labels[0, 0, 1:] = IGNORE_INDEX
+    base = dspark_loss(logits, target, labels, confidence_logits=torch.zeros(1, 2, 3))
+    noisy_logits, noisy_target = logits.clone(), target.clone()
+    noisy_logits[0, 1, 2] += 100 * torch.randn(7)
+    noisy_target[0, 0, 2] -= 50
+    other = dspark_loss(noisy_logits, noisy_target, labels, confidence_logits=torch.zeros(1, 2, 3))
+    for name in ("loss", "ce", "tv", "confidence", "confidence_mae", "accepted_length"):
+        torch.testing.assert_close(getattr(base, name), getattr(other, name))
+    assert base.num_positions == 3
+
+
+def test_all_invalid_gives_zero_loss_with_gradient_path():
+    logits = _logits(1, 1, 3, 5).requires_grad_()
+    labels = torch.full((1, 1, 3), IGNORE_INDEX)
+    out = dspark_loss(logits, logits.detach(), labels, confidence_logits=torch.zeros(1, 1, 3))
+    assert out.loss.item() == 0.0
+    out.loss.backward()
+    assert torch.count_nonzero(logits.grad) == 0
+    assert out.accepted_length.item() == 1.0
+
+
+def test_weights_change_the_mean():
+    values = torch.tensor([[1.0, 0.0]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    assert weighted_position_mean(values, mask, torch.tensor([3.0, 1.0])).item() == pytest.approx(0.75)
+
+
+def test_tau_estimate_hand_computed():
+    acc = torch.tensor([[0.5, 0.5, 1.0], [0.9, 0.9, 0.9], [0.3, 0.3, 0.3]])
+    mask = torch.tensor([[True, True, True], [True, True, False], [False, False, False]])
+    # block 1: 1 + .5 + .25 + .25 = 2.0; block 2 (last invalid = rejected): 1 + .9 + .81 = 2.71; block 3 skipped
+    assert accepted_length_estimate(acc, mask).item() == pytest.approx((2.0 + 2.71) / 2)
+
+
+def test_combined_alpha_and_gradients_only_to_draft():
+    logits = _logits(2, 2, 3, 9, seed=3).requires_grad_()
+    target = _logits(2, 2, 3, 9, seed=4).requires_grad_()
+    conf = torch.zeros(2, 2, 3, requires_grad=True)
+    labels = torch.randint(0, 9, (2, 2, 3))
+    out = dspark_loss(logits, target, labels, conf, alpha=(0.1, 0.9, 1.0))
+    expected = combine_losses(out.ce, out.tv, out.confidence, (0.1, 0.9, 1.0))
+    torch.testing.assert_close(out.loss, 0.1 * out.ce + 0.9 * out.tv + out.confidence)
+    torch.testing.assert_close(out.loss, expected)
+    out.loss.backward()
+    assert target.grad is None and logits.grad is not None and conf.grad is not None
+    metrics = out.metrics()
+    assert set(metrics) >= {"loss_ce", "loss_tv", "loss_conf", "tau_est", "conf_mae", "acc_rate_k1", "acc_rate_k3"}
+
+
+def test_shape_mismatch_raises():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        dspark_loss(torch.zeros(1, 2, 3, 5), torch.zeros(1, 2, 3, 6), torch.zeros(1, 2, 3, dtype=torch.long))
