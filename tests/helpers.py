@@ -52,3 +52,29 @@ def tapped_features(target, input_ids, layer_ids, attention_mask=None) -> torch.
     with torch.no_grad():
         out = target(input_ids, attention_mask=attention_mask, output_hidden_states=[i + 1 for i in layer_ids])
     return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def char_tokenizer(vocab_size: int = 96):
+    """A character-level fast tokenizer over ids 3..vocab_size-1 (0 pad, 1 bos, 2 eos), for stop_strings tests."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(33, 33 + vocab_size - 3)]
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2} | {ch: i + 3 for i, ch in enumerate(chars)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def ragged_prompts(batch: int, vocab: int = 96, seed: int = 0, min_len: int = 3, max_len: int = 12):
+    """Left-padded random prompts of different lengths: (input_ids, attention_mask)."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(min_len, max_len + 1, (batch,), generator=gen)
+    width = int(lengths.max())
+    ids = torch.zeros(batch, width, dtype=torch.long)
+    mask = torch.zeros(batch, width, dtype=torch.long)
+    for r, n in enumerate(lengths.tolist()):
+        ids[r, width - n :] = torch.randint(3, vocab, (n,), generator=gen)
+        mask[r, width - n :] = 1
+    return ids, mask

@@ -62,6 +62,9 @@ def verify_sampling(
     """
     rows, gamma = draft_ids.shape
     device = draft_ids.device
+    if gamma == 0:  # nothing drafted: plain sampling from the target
+        next_token = torch.multinomial(target_probs[:, 0], 1, generator=generator).squeeze(1)
+        return VerificationResult(torch.zeros(rows, dtype=torch.long, device=device), next_token)
     p_draft_tok = draft_probs.gather(-1, draft_ids[..., None]).squeeze(-1)
     p_target_tok = target_probs[:, :gamma].gather(-1, draft_ids[..., None]).squeeze(-1)
     uniform = torch.rand(rows, gamma, device=device, generator=generator, dtype=p_draft_tok.dtype)

@@ -1,54 +1,14 @@
-"""Tiny models and data shared by the training tests (hidden 64, 4 layers, vocabulary 128)."""
+"""Fixtures for the training tests; the builders live in tiny_helpers.py."""
 
 from __future__ import annotations
 
-import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-from hf_dspark.configuration_dspark import DSparkConfig
-from hf_dspark.modeling_dspark import DSparkDrafter
+from tiny_helpers import make_byte_tokenizer, make_tiny_drafter, make_tiny_target
 
 torch.set_num_threads(1)
-
-
-def tiny_target_config() -> LlamaConfig:
-    return LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=128, max_position_embeddings=256,
-    )
-
-
-def make_tiny_target(seed: int = 0) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(tiny_target_config()).eval()
-
-
-def make_tiny_drafter(target, seed: int = 1, **overrides) -> DSparkDrafter:
-    torch.manual_seed(seed)
-    kwargs = {"block_size": 4, "target_layer_ids": [0, 1], "markov_rank": 8, **overrides}
-    drafter = DSparkDrafter(DSparkConfig.from_target(target.config, **kwargs))
-    return drafter.bind_target(target)
-
-
-def tokenized_records(count: int = 12, seed: int = 0) -> list[dict]:
-    """Pre-tokenised conversations: a 'prompt' (no loss) then a 'reply' (loss) of random tokens."""
-    rng = random.Random(seed)
-    records = []
-    for index in range(count):
-        prompt, reply = rng.randint(3, 10), rng.randint(6, 30)
-        ids = [rng.randrange(1, 128) for _ in range(prompt + reply)]
-        records.append({"id": f"tiny:{index}", "input_ids": ids, "loss_mask": [0] * prompt + [1] * reply})
-    return records
-
-
-def write_jsonl(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    return path
 
 
 @pytest.fixture
@@ -66,3 +26,8 @@ def tiny_target_dir(tmp_path, tiny_target) -> Path:
     folder = tmp_path / "tiny_target"
     tiny_target.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer():
+    return make_byte_tokenizer()

@@ -55,7 +55,12 @@ class DSparkCollator:
         anchors_per_sequence: N, blocks per sequence (drawn without replacement; fewer when the loss region is
             short, the rest of the N slots are −1).
         pad_token_id: id used to pad `input_ids` (never attended: `attention_mask` is 0 there).
-        generator: optional torch generator; by default the global RNG (seeded and checkpointed by the Trainer).
+        seed: when set, the anchors of an example are a pure function of (seed, `epoch`, its `sample_index`): the
+            same on any number of processes or workers and after resuming from a checkpoint. `DSparkTrainer`
+            sets it to `args.seed` and advances `epoch` at every epoch start. With `seed=None` the anchors come
+            from `generator`, else from torch's global RNG.
+        epoch: the current epoch (see `seed`).
+        generator: optional torch generator used when `seed` is None or an example has no `sample_index`.
 
     Each example is a mapping with `input_ids` and `loss_mask` (sequences of ints) and optionally `sample_index`.
     Returns `input_ids` `[S, L]`, `attention_mask` `[S, L]` (long; the drafter's `context_mask`),
@@ -66,6 +71,8 @@ class DSparkCollator:
     block_size: int
     anchors_per_sequence: int = 16
     pad_token_id: int = 0
+    seed: int | None = None
+    epoch: int = 0
     generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
@@ -73,6 +80,13 @@ class DSparkCollator:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
         if self.anchors_per_sequence < 1:
             raise ValueError(f"anchors_per_sequence must be >= 1, got {self.anchors_per_sequence}.")
+
+    def example_generator(self, example: Mapping[str, Any]) -> torch.Generator | None:
+        """The generator drawing this example's anchors (see `seed`)."""
+        if self.seed is None or "sample_index" not in example:
+            return self.generator
+        key = ((self.seed * 1_000_003 + self.epoch) * 1_000_033 + int(example["sample_index"])) % (2**63 - 1)
+        return torch.Generator().manual_seed(key)
 
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
@@ -91,7 +105,7 @@ class DSparkCollator:
                 raise ValueError(f"example {row}: input_ids and loss_mask differ in length.")
             input_ids[row, : ids.numel()] = ids
             attention_mask[row, : ids.numel()] = 1
-            anchors = sample_anchors(mask, n_blocks, self.generator)
+            anchors = sample_anchors(mask, n_blocks, self.example_generator(example))
             anchor_positions[row, : anchors.numel()] = anchors
             if anchors.numel():
                 labels[row, : anchors.numel()] = block_labels(ids, mask, anchors, gamma)

@@ -9,13 +9,14 @@ logging integrations) is the stock Trainer.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging
 
 from ..losses import DSparkLossOutput, dspark_loss
@@ -74,6 +75,17 @@ def unwrap_drafter(model: nn.Module) -> nn.Module:
     return model
 
 
+class _CollatorEpochCallback(TrainerCallback):
+    """Tells a seeded `DSparkCollator` the epoch, so anchors are reproducible across resumes and processes."""
+
+    def __init__(self, collator: Any) -> None:
+        self.collator = collator
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if hasattr(self.collator, "epoch"):
+            self.collator.epoch = math.floor((state.epoch or 0.0) + 1e-6)
+
+
 class DSparkTrainer(Trainer):
     """Trains a bound `DSparkDrafter` against a frozen target.
 
@@ -110,9 +122,11 @@ class DSparkTrainer(Trainer):
                 f"{drafter.config.target_layer_ids}; rebuild the cache or the drafter with matching layers."
             )
         kwargs.setdefault(
-            "data_collator", DSparkCollator(drafter.config.block_size, args.anchors_per_sequence, pad_token_id)
+            "data_collator",
+            DSparkCollator(drafter.config.block_size, args.anchors_per_sequence, pad_token_id, seed=args.seed),
         )
         super().__init__(model=model, args=args, **kwargs)
+        self.add_callback(_CollatorEpochCallback(self.data_collator))
         self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
         self._metric_counts = {"train": 0, "eval": 0}

@@ -1,0 +1,115 @@
+"""Speculative sampling follows the target distribution exactly: exact enumeration vs DSpark samples."""
+
+import itertools
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+import hf_dspark.generation.loop as loop_module
+from hf_dspark.verification import VerificationResult
+from tests.helpers import make_drafter, make_target
+
+VOCAB, NEW_TOKENS, SAMPLES = 8, 4, 24_000
+SETTINGS = {
+    "plain": dict(),
+    "temperature+top_k": dict(temperature=0.7, top_k=5),
+    "top_p": dict(top_p=0.8),
+    "min_p": dict(temperature=1.3, min_p=0.1),
+}
+
+
+def _warpers(settings) -> LogitsProcessorList:
+    out = LogitsProcessorList()
+    if "temperature" in settings:
+        out.append(TemperatureLogitsWarper(settings["temperature"]))
+    if "top_k" in settings:
+        out.append(TopKLogitsWarper(settings["top_k"]))
+    if "top_p" in settings:
+        out.append(TopPLogitsWarper(settings["top_p"]))
+    if "min_p" in settings:
+        out.append(MinPLogitsWarper(settings["min_p"]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = make_target("llama", seed=4, vocab_size=VOCAB, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    with torch.no_grad():  # sharpen the tiny random target a little so the warpers have something to cut
+        target.lm_head.weight.mul_(6.0)
+    drafter = make_drafter(target, seed=5, block_size=3, markov_rank=4)
+    prompt = torch.tensor([[3, 5, 1, 6, 2]])
+    return target, drafter, prompt
+
+
+def _exact_joint(target, prompt, settings) -> torch.Tensor:
+    """P(x_1..x_n | prompt) for every continuation, with the warpers applied at each step. `[V**n]`."""
+    warpers = _warpers(settings)
+    prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS - 1)))
+    seqs = torch.cat([prompt.expand(len(prefixes), -1), prefixes], dim=1)
+    with torch.no_grad():
+        logits = target(seqs).logits[:, prompt.shape[1] - 1 :].float()  # [N, n, V]
+    probs = torch.stack([torch.softmax(warpers(None, logits[:, k]), -1) for k in range(NEW_TOKENS)], dim=1)
+    joint = torch.zeros(VOCAB**NEW_TOKENS)
+    for i, prefix in enumerate(prefixes.tolist()):
+        p = 1.0
+        for k in range(NEW_TOKENS - 1):
+            p = p * probs[i, k, prefix[k]]
+        tail = p * probs[i, NEW_TOKENS - 1]  # [V]
+        base = sum(t * VOCAB ** (NEW_TOKENS - 1 - k) for k, t in enumerate(prefix))
+        joint[base : base + VOCAB] = tail
+    return joint
+
+
+def _sample_codes(target, drafter, prompt, settings, seed) -> torch.Tensor:
+    torch.manual_seed(seed)
+    codes = []
+    for _ in range(SAMPLES // 4000):
+        out = target.generate(prompt.expand(4000, -1), do_sample=True, max_new_tokens=NEW_TOKENS,
+                              assistant_model=drafter, **{"top_k": 0, **settings})
+        gen = out[:, prompt.shape[1] :]
+        codes.append(sum(gen[:, k] * VOCAB ** (NEW_TOKENS - 1 - k) for k in range(NEW_TOKENS)))
+    return torch.cat(codes)
+
+
+def _chi_square_pvalue(codes: torch.Tensor, joint: torch.Tensor) -> float:
+    observed = torch.bincount(codes, minlength=joint.numel()).double()
+    expected = joint.double() * codes.numel()
+    big = expected >= 5
+    obs = torch.cat([observed[big], observed[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    keep = exp > 0
+    assert (observed[expected == 0] == 0).all(), "sampled a continuation the target gives probability 0"
+    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
+    dof = int(keep.sum()) - 1
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), stat / 2.0))
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_dspark_sampling_matches_target_distribution(setup, name):
+    target, drafter, prompt = setup
+    joint = _exact_joint(target, prompt, SETTINGS[name])
+    codes = _sample_codes(target, drafter, prompt, SETTINGS[name], seed=1)
+    stats = drafter.last_generation_stats
+    assert 0.05 < stats.acceptance_rate < 0.95, "the test needs both accepted and rejected drafts"
+    assert _chi_square_pvalue(codes, joint) > 1e-4
+
+
+def test_a_wrong_acceptance_rule_is_detected(setup, monkeypatch):
+    """Power check: accepting every draft (a lossy rule) fails the same test."""
+    target, drafter, prompt = setup
+
+    def accept_all(draft_ids, draft_probs, target_probs, verify_len, generator=None):
+        bonus = torch.multinomial(target_probs[torch.arange(len(verify_len)), verify_len], 1).squeeze(1)
+        return VerificationResult(verify_len.clone(), bonus)
+
+    monkeypatch.setattr(loop_module, "verify_sampling", accept_all)
+    joint = _exact_joint(target, prompt, SETTINGS["plain"])
+    codes = _sample_codes(target, drafter, prompt, SETTINGS["plain"], seed=2)
+    assert _chi_square_pvalue(codes, joint) < 1e-6
