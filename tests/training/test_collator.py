@@ -74,3 +74,14 @@ def test_collator_validation():
         DSparkCollator(block_size=2, anchors_per_sequence=0)
     with pytest.raises(ValueError, match="differ in length"):
         DSparkCollator(block_size=2)([{"input_ids": [1, 2], "loss_mask": [1]}])
+
+
+def test_seeded_anchors_depend_only_on_seed_epoch_and_sample():
+    examples = [{"input_ids": list(range(40)), "loss_mask": [0] * 5 + [1] * 35, "sample_index": i} for i in range(3)]
+    collator = DSparkCollator(block_size=2, anchors_per_sequence=4, seed=11)
+    together = collator(examples)["anchor_positions"]
+    alone = collator(examples[2:])["anchor_positions"]
+    assert torch.equal(together[2], alone[0])  # independent of the batch it lands in
+    assert not torch.equal(together[0], together[1])
+    collator.epoch = 1
+    assert not torch.equal(collator(examples)["anchor_positions"], together)

@@ -1,0 +1,40 @@
+"""Prompt sets (`{"turns": [...]}` JSON Lines) and chat-template tokenisation shared by eval and benchmarks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+
+def load_prompt_set(path: str | Path) -> list[dict]:
+    """Read a JSONL prompt set; every line must be an object with a non-empty list `turns` of strings."""
+    items = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number} is not valid JSON ({err})") from err
+            turns = item.get("turns") if isinstance(item, dict) else None
+            if not turns or not all(isinstance(t, str) for t in turns):
+                raise ValueError(f'{path}:{number} needs a non-empty "turns" list of strings')
+            items.append(item)
+    return items
+
+
+def chat_input_ids(tokenizer, user_turns: list[str], replies: list[str] | None = None) -> torch.Tensor:
+    """`[1, L]` ids of a conversation (user turns interleaved with earlier replies) ready for the next reply."""
+    replies = replies or []
+    messages = []
+    for i, turn in enumerate(user_turns):
+        messages.append({"role": "user", "content": turn})
+        if i < len(replies):
+            messages.append({"role": "assistant", "content": replies[i]})
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=False)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return torch.as_tensor(ids).reshape(1, -1)

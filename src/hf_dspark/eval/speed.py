@@ -1,0 +1,165 @@
+"""Batch-1 wall-clock benchmark: plain generate vs prompt lookup vs DSpark (and the oracle ceiling).
+
+Every method runs on the same prompts in one process, interleaved within each repeat so machine noise hits all
+of them alike; the report gives median tokens/s per method and the median of per-prompt paired ratios to plain.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers.utils import logging
+
+from .oracle import oracle_for
+from .prompts import chat_input_ids, load_prompt_set
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class SpeedConfig:
+    """Args:
+    prompt_files: JSONL prompt sets (first user turn of each item is used).
+    num_prompts: prompts per set.
+    max_new_tokens: tokens generated per run.
+    repeats: timed repeats per (prompt, method) after one warm-up.
+    block_sizes: γ values for the oracle ceiling.
+    threads: torch threads (pinned for the whole run).
+    drafter: path of a trained drafter, or None for the shipped default (skipped when none ships).
+    prompt_lookup_tokens: `prompt_lookup_num_tokens` of the prompt-lookup baseline.
+    out: JSON result path (a PNG plot is written beside it).
+    """
+
+    prompt_files: list[str] = field(default_factory=list)
+    num_prompts: int = 3
+    max_new_tokens: int = 96
+    repeats: int = 3
+    block_sizes: list[int] = field(default_factory=lambda: [4, 8, 16])
+    threads: int = 1
+    drafter: str | None = None
+    prompt_lookup_tokens: int = 10
+    out: str = "benchmarks/results/speed.json"
+
+    def __post_init__(self) -> None:
+        if not self.prompt_files:
+            raise ValueError("give at least one prompt file (e.g. data/eval/gsm8k.jsonl)")
+        for path in self.prompt_files:
+            if not Path(path).is_file():
+                raise ValueError(f"prompt file {path} does not exist")
+        if self.num_prompts < 1 or self.repeats < 1 or self.max_new_tokens < 1:
+            raise ValueError("num_prompts, repeats and max_new_tokens must be >= 1")
+
+
+def _timed(fn) -> tuple[float, torch.Tensor]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def _methods(target, input_ids, reference, config: SpeedConfig, drafter):
+    mask = torch.ones_like(input_ids)
+    common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
+    methods = {
+        "plain": (lambda: target.generate(input_ids, **common), None),
+        "prompt_lookup": (
+            lambda: target.generate(input_ids, prompt_lookup_num_tokens=config.prompt_lookup_tokens, **common),
+            None,
+        ),
+    }
+    if drafter is not None:
+        methods["dspark"] = (lambda: target.generate(input_ids, assistant_model=drafter, **common), drafter)
+    for gamma in config.block_sizes:
+        oracle = oracle_for(target, gamma, reference, mask)
+        methods[f"oracle_g{gamma}"] = (
+            lambda o=oracle: target.generate(input_ids, assistant_model=o, **common), oracle
+        )
+    return methods
+
+
+def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None) -> dict:
+    """Run the benchmark; returns (and writes) the JSON report."""
+    torch.set_num_threads(config.threads)
+    rows: list[dict] = []
+    for path in config.prompt_files:
+        set_name = Path(path).stem
+        prompts = load_prompt_set(path)[: config.num_prompts]
+        for index, item in enumerate(tqdm(prompts, desc=f"speed {set_name}")):
+            input_ids = chat_input_ids(tokenizer, [item["turns"][0]]).to(target.device)
+            common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
+            reference = target.generate(input_ids, **common)  # warm-up and the oracle's reference
+            methods = _methods(target, input_ids, reference, config, drafter)
+            for fn, _ in methods.values():  # warm-up every method once
+                fn()
+            for repeat in range(config.repeats):
+                for name, (fn, owner) in methods.items():
+                    seconds, out = _timed(fn)
+                    new = out.shape[1] - input_ids.shape[1]
+                    tau = owner.last_generation_stats.mean_accepted_length if owner is not None else None
+                    rows.append(dict(set=set_name, prompt=index, repeat=repeat, method=name, seconds=seconds,
+                                     new_tokens=new, tokens_per_second=new / seconds, accepted_length=tau,
+                                     identical=bool(torch.equal(out, reference))))
+    report = summarise(rows, config)
+    _write(report, config.out)
+    return report
+
+
+def summarise(rows: list[dict], config: SpeedConfig) -> dict:
+    methods = sorted({r["method"] for r in rows}, key=lambda m: (m != "plain", m))
+    sets = sorted({r["set"] for r in rows})
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for set_name in sets:
+        table[set_name] = {}
+        base = {(r["prompt"], r["repeat"]): r["tokens_per_second"] for r in rows
+                if r["set"] == set_name and r["method"] == "plain"}
+        for method in methods:
+            mine = [r for r in rows if r["set"] == set_name and r["method"] == method]
+            ratios = [r["tokens_per_second"] / base[(r["prompt"], r["repeat"])] for r in mine]
+            taus = [r["accepted_length"] for r in mine if r["accepted_length"] is not None]
+            table[set_name][method] = {
+                "median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in mine),
+                "mean_accepted_length": statistics.mean(taus) if taus else None,
+                "median_ratio_to_plain": statistics.median(ratios),
+                "all_outputs_identical_to_plain": all(r["identical"] for r in mine),
+            }
+    return {"config": asdict(config), "torch_threads": config.threads, "cpu_count": os.cpu_count(),
+            "results": table, "runs": rows}
+
+
+def _write(report: dict, out: str) -> None:
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, path)
+    plot_speed(report, path.with_suffix(".png"))
+
+
+def plot_speed(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = report["results"]
+    sets = list(table)
+    methods = list(next(iter(table.values())))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.2 * len(methods) * len(sets) / 2, 3.6))
+    width = 0.8 / len(sets)
+    for i, set_name in enumerate(sets):
+        values = [table[set_name][m]["median_ratio_to_plain"] for m in methods]
+        ax.bar([x + i * width for x in range(len(methods))], values, width, label=set_name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(sets) - 1) / 2 for x in range(len(methods))], methods, rotation=30, ha="right")
+    ax.set_ylabel("speed vs plain generate (median ratio)")
+    ax.set_title(f"batch-1 greedy, {report['torch_threads']} thread(s)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
