@@ -42,10 +42,16 @@ def ce_loss(
     draft_logits: `[..., γ, V]`; labels: `[..., γ]` gold tokens (`IGNORE_INDEX` = invalid); weights: `[γ]`;
     mask: bool `[..., γ]` (defaults to `labels != IGNORE_INDEX`). Returns a scalar.
     """
+    return nll_loss(torch.log_softmax(draft_logits.float(), dim=-1), labels, weights, mask)
+
+
+def nll_loss(
+    log_p_draft: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Eq. (11) from log-probabilities `[..., γ, V]` (shares the log-softmax with Eq. 12 in `dspark_loss`)."""
     mask = labels.ne(IGNORE_INDEX) if mask is None else mask
-    log_probs = torch.log_softmax(draft_logits.float(), dim=-1)
     safe_labels = labels.masked_fill(~mask, 0)
-    nll = -log_probs.gather(-1, safe_labels[..., None]).squeeze(-1)
+    nll = -log_p_draft.gather(-1, safe_labels[..., None]).squeeze(-1)
     return weighted_position_mean(nll, mask, weights)
 
 
@@ -173,9 +179,10 @@ def dspark_loss(
     if weights is None:
         weights = position_weights(gamma, device=labels.device)
     mask = labels.ne(IGNORE_INDEX)
-    p_draft = torch.softmax(draft_logits.float(), dim=-1)
+    log_p_draft = torch.log_softmax(draft_logits.float(), dim=-1)
+    p_draft = log_p_draft.exp()
     p_target = torch.softmax(target_logits.detach().float(), dim=-1)
-    ce = ce_loss(draft_logits, labels, weights, mask)
+    ce = nll_loss(log_p_draft, labels, weights, mask)
     tv = tv_loss(p_draft, p_target, mask, weights)
     with torch.no_grad():
         acceptance = acceptance_rate(p_draft, p_target)

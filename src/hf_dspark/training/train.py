@@ -156,10 +156,11 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
     train_examples, val_examples = split_validation(dataset.examples, config.validation_fraction, args.seed)
     train_set = DSparkDataset(train_examples)
     eval_set = DSparkDataset(val_examples) if val_examples else None
-    logger.warning(
-        f"training {drafter.num_trainable_parameters():,} drafter parameters on {len(train_set)} sequences "
-        f"({train_set.num_loss_tokens():,} loss tokens), {len(val_examples)} for validation"
-    )
+    if args.process_index == 0:
+        logger.warning(
+            f"training {drafter.num_trainable_parameters():,} drafter parameters on {len(train_set)} sequences "
+            f"({train_set.num_loss_tokens():,} loss tokens), {len(val_examples)} for validation"
+        )
     provider = None
     if args.feature_mode == "offline":
         layer_ids = drafter.config.target_layer_ids

