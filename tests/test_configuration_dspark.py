@@ -5,7 +5,6 @@ from transformers import AutoConfig, GemmaConfig, MistralConfig, Qwen2Config
 
 from hf_dspark import DSparkConfig
 from hf_dspark.configuration_dspark import default_target_layer_ids
-
 from tests.helpers import tiny_llama_config, tiny_qwen3_config
 
 

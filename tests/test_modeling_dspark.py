@@ -105,7 +105,7 @@ def test_incremental_context_equals_one_shot():
     """Appending ragged per-row chunks gives the same cache as one append of the whole context."""
     target = make_target("llama")
     drafter = make_drafter(target)
-    ids, mask, feats, cache = _context(target, drafter, [8, 8])
+    _, _, feats, cache = _context(target, drafter, [8, 8])
     stepwise = drafter.init_cache(2, capacity=2)
     drafter.extend_context(stepwise, feats[:, :3], torch.tensor([[1, 1, 1], [1, 0, 0]]).bool())
     drafter.extend_context(stepwise, feats[:, 3:], torch.ones(2, 5, dtype=torch.bool))

@@ -129,7 +129,8 @@ class DSparkConfig(PreTrainedConfig):
         self.intermediate_size = intermediate_size
         self.rms_norm_eps = rms_norm_eps
         self.hidden_act = hidden_act
-        self.rope_parameters = dict(rope_parameters) if rope_parameters else {"rope_type": "default", "rope_theta": 1e4}
+        default_rope = {"rope_type": "default", "rope_theta": 1e4}
+        self.rope_parameters = dict(rope_parameters) if rope_parameters else default_rope
         self.max_position_embeddings = max_position_embeddings
         self.attention_bias = attention_bias
         self.use_qk_norm = use_qk_norm

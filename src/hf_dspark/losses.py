@@ -141,18 +141,15 @@ class DSparkLossOutput:
 
     def metrics(self) -> dict[str, float]:
         """Flat float metrics for logging: loss parts, `acc_rate_k{k}` (1-based), `tau_est`, `conf_mae`."""
-        out = {
-            "loss_ce": self.ce.item(),
-            "loss_tv": self.tv.item(),
-            "tau_est": self.accepted_length.item(),
-        }
+        named = {"loss_ce": self.ce, "loss_tv": self.tv, "tau_est": self.accepted_length}
         if self.confidence is not None:
-            out["loss_conf"] = self.confidence.item()
+            named["loss_conf"] = self.confidence
         if self.confidence_mae is not None:
-            out["conf_mae"] = self.confidence_mae.item()
-        for k, rate in enumerate(self.acceptance_rate.tolist(), start=1):
-            out[f"acc_rate_k{k}"] = rate
-        return out
+            named["conf_mae"] = self.confidence_mae
+        for k, rate in enumerate(self.acceptance_rate, start=1):
+            named[f"acc_rate_k{k}"] = rate
+        values = torch.stack([v.detach().float().reshape(()) for v in named.values()]).tolist()  # one device sync
+        return dict(zip(named, values))
 
 
 def dspark_loss(

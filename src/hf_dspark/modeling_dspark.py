@@ -66,7 +66,7 @@ class DSparkPreTrainedModel(PreTrainedModel):
     base_model_prefix = "dspark"
     main_input_name = "input_ids"
     supports_gradient_checkpointing = False
-    _no_split_modules = ["DSparkDecoderLayer"]
+    _no_split_modules = ("DSparkDecoderLayer",)
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
