@@ -213,6 +213,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         generator: torch.Generator | None = None,
         return_probs: bool | None = None,
         row_ids: list[int] | None = None,
+        histories: list[torch.Tensor] | None = None,
     ) -> DSparkProposal:
         """Draft γ tokens per row: x_k ~ softmax(process(U_k + B_k(x_0, x_<k))), left to right (Eq. 4).
 

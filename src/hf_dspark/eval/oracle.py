@@ -26,7 +26,7 @@ class OracleDrafter(DSparkDrafter):
 
     @torch.no_grad()
     def propose(self, anchor_ids, cache, *, do_sample=False, logits_processor=None, generator=None,
-                return_probs=None, row_ids=None) -> DSparkProposal:
+                return_probs=None, row_ids=None, histories=None) -> DSparkProposal:
         gamma, vocab = self.config.block_size, self.config.vocab_size
         rows = row_ids if row_ids is not None else list(range(anchor_ids.shape[0]))
         drafts = anchor_ids.new_zeros(len(rows), gamma)

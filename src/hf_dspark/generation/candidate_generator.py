@@ -89,7 +89,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 return self.processors.apply(self.rows, prefixes, logits)
 
         self.last_proposal = self.drafter.propose(anchor_ids, self.cache, do_sample=self.do_sample,
-                                                  logits_processor=processors, row_ids=self.rows)
+                                                  logits_processor=processors, row_ids=self.rows,
+                                                  histories=list(histories))
         return self.last_proposal
 
     def select_rows(self, keep: torch.Tensor) -> None:

@@ -1,0 +1,232 @@
+"""SPS(B) profiling: time the target's verification forward across batch-token counts (DESIGN.md section 4).
+
+`profile_step_curve(target)` measures what one round of the DSpark loop costs on the target: a forward over new
+tokens on top of a `DynamicCache` prefilled to `cache_length` tokens per row, with a 2D attention mask, explicit
+`position_ids`, a few tapped hidden states (`output_hidden_states=[...]`) and logits for every position, exactly
+the call `RaggedTargetCache.forward` makes. The result is a `StepCurve` (median steps per second per B).
+
+How B tokens are laid out: `rows = min(B, max_rows)` rows, each with `ceil(B / rows)` slots; exactly B slots are
+valid and the rest are masked padding, like the loop's ragged `[A, 1 + max ℓ]` block. So B ≤ max_rows measures B
+decoding rows with ℓ = 0 and larger B measures max_rows rows verifying more drafts each. `max_rows=1` gives the
+batch-1 shape (one row with B tokens). On this CPU the two shapes differ little (the linear layers dominate).
+
+Curves are cached per (model, device, dtype, threads) as JSON under `~/.cache/hf_dspark/step_curves/` (the root
+`~/.cache/hf_dspark` is overridden by the environment variable `HF_DSPARK_CACHE`). `load_or_profile_step_curve`
+looks in that cache, then in the curves shipped with the package (`hf_dspark/resources/step_curves/`, measured
+on the development machine for the default target), and only then profiles, once, with a progress bar.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import statistics
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers.cache_utils import DynamicCache
+from transformers.utils import logging
+
+from .scheduler import StepCurve
+
+logger = logging.get_logger(__name__)
+
+DEFAULT_BATCH_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+SHIPPED_STEP_CURVES = Path(__file__).resolve().parent / "resources" / "step_curves"
+CACHE_ENV = "HF_DSPARK_CACHE"
+
+
+# ---------------------------------------------------------------------------------------------- naming / paths
+def model_name(target) -> str:
+    """A stable name for `target`: its `name_or_path`, else `<model_type>-<layers>L-<hidden>d` (random models)."""
+    name = getattr(target, "name_or_path", None) or getattr(target.config, "_name_or_path", None)
+    if name:
+        return str(name)
+    config = target.config
+    return f"{config.model_type}-{config.num_hidden_layers}L-{config.hidden_size}d"
+
+
+def target_device(target) -> str:
+    """Device type of the target's parameters ("cpu", "cuda", ...)."""
+    return next(target.parameters()).device.type
+
+
+def target_dtype(target) -> str:
+    """dtype of the target's parameters without the "torch." prefix ("float32", "bfloat16", ...)."""
+    return str(next(target.parameters()).dtype).removeprefix("torch.")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", text.strip("/")) or "model"
+
+
+def step_curve_filename(model: str, device: str, dtype: str, threads: int) -> str:
+    """`<model>__<device>__<dtype>__t<threads>.json`, with path separators in the model name replaced by `--`."""
+    return f"{_slug(model)}__{_slug(device)}__{_slug(dtype)}__t{int(threads)}.json"
+
+
+def cache_root() -> Path:
+    """`$HF_DSPARK_CACHE` if set, else `~/.cache/hf_dspark`."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "hf_dspark"
+
+
+def step_curve_path(model: str, device: str, dtype: str, threads: int | None = None) -> Path:
+    """Where the user cache keeps the curve for (model, device, dtype, threads); threads default: torch's now."""
+    threads = torch.get_num_threads() if threads is None else threads
+    return cache_root() / "step_curves" / step_curve_filename(model, device, dtype, threads)
+
+
+def shipped_step_curve_path(model: str, device: str, dtype: str, threads: int) -> Path:
+    """Path a curve shipped with the package would have; matched on the model's basename so that
+    "HuggingFaceTB/SmolLM2-135M-Instruct" and the embedded "SmolLM2-135M-Instruct" share one file."""
+    return SHIPPED_STEP_CURVES / step_curve_filename(model.rstrip("/").rsplit("/", 1)[-1], device, dtype, threads)
+
+
+# ---------------------------------------------------------------------------------------------- measurement
+@contextmanager
+def pinned_threads(threads: int | None):
+    """Run the block with `torch.set_num_threads(threads)` (no-op for None) and restore the previous count."""
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def default_taps(num_layers: int, count: int = 3) -> list[int]:
+    """`count` evenly spaced `output_hidden_states` indices in 1..num_layers (a drafter's usual taps)."""
+    count = max(1, min(count, num_layers))
+    return sorted({1 + round(i * (num_layers - 1) / max(count - 1, 1)) for i in range(count)})
+
+
+def block_layout(batch_tokens: int, max_rows: int) -> tuple[int, int]:
+    """(rows, slots per row) used to place `batch_tokens` tokens: rows = min(B, max_rows), slots = ceil(B/rows)."""
+    rows = max(1, min(batch_tokens, max_rows))
+    return rows, math.ceil(batch_tokens / rows)
+
+
+def _prefill(target, rows: int, cache_length: int, seed: int) -> DynamicCache:
+    generator = torch.Generator().manual_seed(seed)
+    device = next(target.parameters()).device
+    vocab = int(target.config.vocab_size)
+    ids = torch.randint(min(20, vocab - 1), vocab, (rows, cache_length), generator=generator).to(device)
+    cache = DynamicCache(config=target.config)
+    target(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+def _select_rows(target, cache: DynamicCache, rows: int) -> DynamicCache:
+    """A fresh cache holding copies of the first `rows` rows of `cache`."""
+    out = DynamicCache(config=target.config)
+    for index, layer in enumerate(cache.layers):
+        out.update(layer.keys[:rows].clone(), layer.values[:rows].clone(), index)
+    return out
+
+
+def _time_forward(target, cache: DynamicCache, batch_tokens: int, cache_length: int, max_rows: int,
+                  taps: list[int], repeats: int, warmup: int) -> float:
+    """Median seconds of one verification forward placing `batch_tokens` tokens (see `block_layout`)."""
+    rows, slots = block_layout(batch_tokens, max_rows)
+    device = next(target.parameters()).device
+    row_cache = _select_rows(target, cache, rows)
+    ids = torch.randint(20, int(target.config.vocab_size), (rows, slots), device=device)
+    valid = (torch.arange(rows * slots, device=device) < batch_tokens).reshape(slots, rows).T  # spread evenly
+    mask = torch.cat([torch.ones(rows, cache_length, dtype=torch.long, device=device), valid.long()], dim=1)
+    positions = cache_length + torch.arange(slots, device=device)[None, :].expand(rows, -1)
+    samples = []
+    for index in range(warmup + repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=row_cache, use_cache=True,
+                     output_hidden_states=taps, logits_to_keep=0)
+        out.logits.float()  # the loop converts verification logits to fp32
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        row_cache.crop(-slots)  # drop the new slots again: every repeat sees the same cache
+        if index >= warmup:
+            samples.append(elapsed)
+    return statistics.median(samples)
+
+
+def profile_step_curve(
+    target,
+    batch_tokens: Sequence[int] = DEFAULT_BATCH_TOKENS,
+    rows: int = 8,
+    cache_length: int = 200,
+    repeats: int = 5,
+    warmup: int = 2,
+    threads: int | None = None,
+    taps: Sequence[int] | None = None,
+    progress: bool = True,
+    seed: int = 0,
+) -> StepCurve:
+    """Measure SPS(B) of `target`'s verification forward at each B in `batch_tokens` (ascending, positive).
+
+    rows: the most rows the B tokens are spread over (`block_layout`); cache_length: tokens already in each row's
+    KV cache; repeats/warmup: timed and untimed forwards per B (the median of the timed ones is used); threads:
+    torch threads pinned while profiling (None: keep the current count, which is recorded); taps: hidden-state
+    indices requested (default 3 evenly spaced layers). Returns a `StepCurve` with model/device/dtype/threads set.
+    """
+    points = sorted({int(b) for b in batch_tokens})
+    if not points or points[0] < 1:
+        raise ValueError(f"batch_tokens must be positive integers, got {list(batch_tokens)}.")
+    if rows < 1 or cache_length < 1 or repeats < 1 or warmup < 0:
+        raise ValueError("rows, cache_length and repeats must be >= 1 and warmup >= 0.")
+    taps = list(taps) if taps is not None else default_taps(int(target.config.num_hidden_layers))
+    max_rows = min(rows, points[-1])
+    seconds = []
+    with pinned_threads(threads), torch.inference_mode():
+        used_threads = torch.get_num_threads()
+        cache = _prefill(target, max_rows, cache_length, seed)
+        bar = tqdm(points, desc=f"profiling SPS(B) of {model_name(target)}", unit="B", disable=not progress)
+        for b in bar:
+            seconds.append(_time_forward(target, cache, b, cache_length, max_rows, taps, repeats, warmup))
+            bar.set_postfix(B=b, ms=f"{1e3 * seconds[-1]:.1f}")
+    return StepCurve(
+        batch_tokens=points,
+        steps_per_second=[1.0 / max(s, 1e-9) for s in seconds],
+        model=model_name(target),
+        device=target_device(target),
+        dtype=target_dtype(target),
+        threads=used_threads,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+# ---------------------------------------------------------------------------------------------- cache
+def load_or_profile_step_curve(target, threads: int | None = None, progress: bool = True,
+                               **profile_kwargs) -> StepCurve:
+    """The step curve for (model, device, dtype, threads) of `target`, profiling it once if none exists.
+
+    Looks in the user cache (`step_curve_path`), then in the curves shipped with the package
+    (`shipped_step_curve_path`, e.g. the default target on CPU in fp32), else runs `profile_step_curve(target,
+    threads=threads, **profile_kwargs)` with a progress bar and saves the result atomically to the user cache.
+    threads: the thread count the curve must match (default: torch's current count).
+    """
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    key = (model_name(target), target_device(target), target_dtype(target), threads)
+    for path in (step_curve_path(*key), shipped_step_curve_path(*key)):
+        if path.is_file():
+            try:
+                return StepCurve.load(path)
+            except (OSError, ValueError, TypeError) as err:
+                logger.warning(f"Ignoring unreadable step curve {path}: {err}")
+    path = step_curve_path(*key)
+    logger.warning(
+        f"No step curve for {key[0]} ({key[1]}, {key[2]}, {threads} threads): profiling the target's verification "
+        f"forward once (saved to {path}; run `hf-dspark profile` to redo it)."
+    )
+    curve = profile_step_curve(target, threads=threads, progress=progress, **profile_kwargs)
+    curve.save(path)
+    return curve
