@@ -11,6 +11,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 HEAD_TYPES = ("markov", "rnn", "none")
+SOURCE_LAYOUTS = ("native", "deepspec", "dflash")
 
 # Families whose decoder layers carry per-head RMSNorms on queries and keys.
 _QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "olmo3")
@@ -61,7 +62,14 @@ class DSparkConfig(PreTrainedConfig):
             Token id whose (frozen) target embedding fills the mask slots. When `None` the drafter learns its
             own mask embedding.
         sample_from_anchor (`bool`, defaults to `True`):
-            Anchor-first block layout; the only layout this drafter implements. Recorded for serving engines.
+            Block convention. `True` (DSpark, what hf-dspark trains): the block is [x_0, mask×(γ−1)] and slot k
+            predicts the token after it, so γ slots give γ drafts. `False` (z-lab DFlash): the block is
+            [x_0, mask×γ] and slot k predicts the token at its own position, so γ + 1 slots give γ drafts (slot 0
+            drafts nothing). `block_size` is γ, the drafts per round, in both conventions (a DFlash checkpoint's
+            `block_size` counts slots: γ + 1). `False` is only accepted with `source_layout` "dflash" or
+            "deepspec" (checkpoints trained elsewhere). Always recorded for serving engines.
+        source_layout (`str`, defaults to `"native"`):
+            Layout the weights were first read from: "native" (trained here), "deepspec" or "dflash".
         hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps,
         hidden_act, rope_parameters, max_position_embeddings, attention_bias, use_qk_norm, vocab_size:
             Target-shape fields the drafter layers copy.
@@ -87,6 +95,7 @@ class DSparkConfig(PreTrainedConfig):
         calibration_temperatures_greedy: list[float] | None = None,
         mask_token_id: int | None = None,
         sample_from_anchor: bool = True,
+        source_layout: str = "native",
         hidden_size: int = 576,
         num_attention_heads: int = 9,
         num_key_value_heads: int = 3,
@@ -121,7 +130,8 @@ class DSparkConfig(PreTrainedConfig):
             [float(t) for t in calibration_temperatures_greedy] if calibration_temperatures_greedy else None
         )
         self.mask_token_id = mask_token_id
-        self.sample_from_anchor = sample_from_anchor
+        self.sample_from_anchor = bool(sample_from_anchor)
+        self.source_layout = source_layout
         self.hidden_size = hidden_size
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads
@@ -193,7 +203,9 @@ class DSparkConfig(PreTrainedConfig):
                 f"mask_token_id {self.mask_token_id} is outside the vocabulary (0..{self.vocab_size - 1}); "
                 "pick an unused special token or pass None to learn a mask embedding."
             )
-        if not self.sample_from_anchor:
+        if self.source_layout not in SOURCE_LAYOUTS:
+            raise ValueError(f"source_layout must be one of {SOURCE_LAYOUTS}, got {self.source_layout!r}.")
+        if not self.sample_from_anchor and self.source_layout == "native":
             raise ValueError(
                 "sample_from_anchor=False (the DFlash anchor + γ masks layout) is not a native DSpark layout; "
                 "load DFlash checkpoints through hf_dspark.interop, which keeps their convention."
@@ -202,6 +214,16 @@ class DSparkConfig(PreTrainedConfig):
     @property
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def num_block_slots(self) -> int:
+        """Input slots of one block: γ (anchor-first) or γ + 1 (DFlash layout, `sample_from_anchor=False`)."""
+        return self.block_size + (0 if self.sample_from_anchor else 1)
+
+    @property
+    def first_draft_slot(self) -> int:
+        """Slot whose output drafts x_1: 0 (anchor-first) or 1 (DFlash layout)."""
+        return 0 if self.sample_from_anchor else 1
 
     def temperatures_for(self, greedy: bool) -> list[float]:
         """STS temperatures for a decoding mode (greedy falls back to the sampling ones)."""

@@ -33,12 +33,14 @@ class DSparkProposal:
             `None` when not requested (greedy verification needs none).
         draft_token_probs: `[R, γ]` p_draft_k(x_k).
         confidence: `[R, γ]` calibrated c_k, or `None` without a confidence head.
+        confidence_logits: `[R, γ]` raw head logits z_k before temperature scaling (for calibration), or `None`.
     """
 
     draft_ids: torch.Tensor
     draft_probs: torch.Tensor | None
     draft_token_probs: torch.Tensor
     confidence: torch.Tensor | None
+    confidence_logits: torch.Tensor | None = None
 
 
 @dataclass
@@ -170,15 +172,18 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
     # ------------------------------------------------------------------ block forward
     def _block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
-        """Anchor-first block [x_0, mask, ..., mask]: `[...]` anchors -> `[..., γ, d]` embeddings."""
+        """Block [x_0, mask, ..., mask]: `[...]` anchors -> `[..., slots, d]` embeddings.
+
+        slots = γ (anchor-first DSpark layout) or γ + 1 (DFlash layout, `sample_from_anchor=False`).
+        """
         anchor = self.embed(anchor_ids)[..., None, :]
         if self.config.mask_token_id is not None:
             mask_ids = torch.full_like(anchor_ids, self.config.mask_token_id)
             mask = self.embed(mask_ids)[..., None, :]
         else:
             mask = self.mask_embedding.to(anchor.dtype).expand_as(anchor)
-        gamma = self.config.block_size
-        return torch.cat([anchor, mask.expand(*anchor.shape[:-2], gamma - 1, anchor.shape[-1])], dim=-2)
+        slots = self.config.num_block_slots
+        return torch.cat([anchor, mask.expand(*anchor.shape[:-2], slots - 1, anchor.shape[-1])], dim=-2)
 
     def _run_layers(self, hidden, positions, ctx_keys_fn, attn_mask) -> torch.Tensor:
         """hidden `[B, Q, d]`; positions `[B, Q]`; ctx_keys_fn(layer_idx) -> (keys, values); mask `[B, Q, C+Q]`."""
@@ -189,14 +194,19 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return self.norm(hidden)
 
     def block_hidden_states(self, anchor_ids: torch.Tensor, cache: DSparkDraftCache) -> torch.Tensor:
-        """h_1..h_γ for one block per row after each row's cached context: `[R]` -> `[R, γ, d]`."""
-        gamma = self.config.block_size
+        """h_1..h_γ for one block per row after each row's cached context: `[R]` -> `[R, γ, d]`.
+
+        The block's slots sit at positions anchor_pos, anchor_pos + 1, ...; h_k is read from slot k − 1 (DSpark)
+        or slot k (DFlash layout, whose slot 0 only carries the anchor).
+        """
+        slots, first = self.config.num_block_slots, self.config.first_draft_slot
         hidden = self._block_inputs(anchor_ids).to(self.fc.weight.dtype)
-        positions = cache.positions_for(gamma)
-        ctx_mask = cache.key_mask()[:, None, :].expand(-1, gamma, -1)
-        block_mask = torch.ones(hidden.shape[0], gamma, gamma, dtype=torch.bool, device=hidden.device)
+        positions = cache.positions_for(slots)
+        ctx_mask = cache.key_mask()[:, None, :].expand(-1, slots, -1)
+        block_mask = torch.ones(hidden.shape[0], slots, slots, dtype=torch.bool, device=hidden.device)
         attn_mask = torch.cat([ctx_mask, block_mask], dim=-1)
-        return self._run_layers(hidden, positions, lambda i: (cache.keys[i], cache.values[i]), attn_mask)
+        out = self._run_layers(hidden, positions, lambda i: (cache.keys[i], cache.values[i]), attn_mask)
+        return out[:, first : first + self.config.block_size]
 
     # ------------------------------------------------------------------ proposal (Eqs. 4-7)
     def confidence_temperatures(self, greedy: bool, device) -> torch.Tensor:
@@ -253,7 +263,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         confidence = None
         if conf_logits is not None:
             confidence = calibrated_confidence(conf_logits, self.confidence_temperatures(not do_sample, hidden.device))
-        return DSparkProposal(drafts, all_probs, token_probs, confidence)
+        return DSparkProposal(drafts, all_probs, token_probs, confidence, conf_logits)
 
     # ------------------------------------------------------------------ teacher-forced (training)
     def forward(
@@ -274,28 +284,30 @@ class DSparkDrafter(DSparkPreTrainedModel):
         """
         seqs, length = input_ids.shape
         gamma, n_blocks = self.config.block_size, anchor_positions.shape[1]
+        slots, first = self.config.num_block_slots, self.config.first_draft_slot  # slots = γ (+1 for DFlash)
         device = input_ids.device
         used = anchor_positions >= 0
         anchors = anchor_positions.clamp_min(0)
-        offsets = torch.arange(gamma, device=device)
-        slot_pos = anchors[..., None] + offsets  # [S, N, γ]
-        prev_ids = input_ids.gather(1, slot_pos.clamp_max(length - 1).flatten(1)).view(seqs, n_blocks, gamma)
+        offsets = torch.arange(slots, device=device)
+        slot_pos = anchors[..., None] + offsets  # [S, N, slots]
+        prev_pos = slot_pos[..., :gamma].clamp_max(length - 1)  # a + k − 1 for k = 1..γ
+        prev_ids = input_ids.gather(1, prev_pos.flatten(1)).view(seqs, n_blocks, gamma)
 
         ctx = self.project_context(target_hidden)
         ctx_pos = torch.arange(length, device=device)[None].expand(seqs, -1)
         cos, sin = self.rotary(ctx_pos, ctx.dtype)
         ctx_kv = [layer.self_attn.project_kv(ctx, cos, sin) for layer in self.layers]
 
-        hidden = self._block_inputs(prev_ids[..., 0]).to(ctx.dtype).flatten(1, 2)  # [S, N·γ, d]
+        hidden = self._block_inputs(prev_ids[..., 0]).to(ctx.dtype).flatten(1, 2)  # [S, N·slots, d]
         sees_ctx = torch.arange(length, device=device)[None, None, :] < anchors.view(seqs, n_blocks, 1)
         if context_mask is not None:
             sees_ctx = sees_ctx & context_mask[:, None, :].bool()
-        sees_ctx = sees_ctx.repeat_interleave(gamma, dim=1)  # [S, N·γ, L]
-        block_id = torch.arange(n_blocks, device=device).repeat_interleave(gamma)
+        sees_ctx = sees_ctx.repeat_interleave(slots, dim=1)  # [S, N·slots, L]
+        block_id = torch.arange(n_blocks, device=device).repeat_interleave(slots)
         sees_block = (block_id[:, None] == block_id[None, :])[None].expand(seqs, -1, -1)
-        attn_mask = torch.cat([sees_ctx & used.repeat_interleave(gamma, dim=1)[..., None], sees_block], dim=-1)
+        attn_mask = torch.cat([sees_ctx & used.repeat_interleave(slots, dim=1)[..., None], sees_block], dim=-1)
         out = self._run_layers(hidden, slot_pos.flatten(1), lambda i: ctx_kv[i], attn_mask)
-        out = out.view(seqs, n_blocks, gamma, -1)
+        out = out.view(seqs, n_blocks, slots, -1)[:, :, first : first + gamma]
 
         head = self.markov_head
         prev_embedding = head.embed_previous(prev_ids) if head is not None else None

@@ -37,7 +37,9 @@ from .scheduler import StepCurve
 
 logger = logging.get_logger(__name__)
 
-DEFAULT_BATCH_TOKENS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128)
+# Dense below 8: batch-1 rounds live at B = 1..γ+1, and on this CPU fp32 the curve is jagged there (B=3 ≈ 124 ms
+# but B=4 ≈ 90 ms for the default target, 1 thread), which interpolating between 2 and 4 would hide.
+DEFAULT_BATCH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 SHIPPED_STEP_CURVES = Path(__file__).resolve().parent / "resources" / "step_curves"
 CACHE_ENV = "HF_DSPARK_CACHE"
 
@@ -128,35 +130,34 @@ def _select_rows(target, cache: DynamicCache, rows: int) -> DynamicCache:
     """A fresh cache holding copies of the first `rows` rows of `cache`."""
     out = DynamicCache(config=target.config)
     for index, layer in enumerate(cache.layers):
-        out.update(layer.keys[:rows].clone(), layer.values[:rows].clone(), index)
+        out.update(layer.keys[:rows], layer.values[:rows], index)
     return out
 
 
-def _time_forward(target, cache: DynamicCache, batch_tokens: int, cache_length: int, max_rows: int,
-                  taps: list[int], repeats: int, warmup: int) -> float:
-    """Median seconds of one verification forward placing `batch_tokens` tokens (see `block_layout`)."""
+def _verification_inputs(target, batch_tokens: int, cache_length: int, max_rows: int, seed: int) -> dict:
+    """The loop's forward arguments for `batch_tokens` tokens laid out by `block_layout` (valid slots spread
+    evenly over the rows, the rest masked like ragged padding)."""
     rows, slots = block_layout(batch_tokens, max_rows)
     device = next(target.parameters()).device
-    row_cache = _select_rows(target, cache, rows)
-    ids = torch.randint(20, int(target.config.vocab_size), (rows, slots), device=device)
-    valid = (torch.arange(rows * slots, device=device) < batch_tokens).reshape(slots, rows).T  # spread evenly
+    generator = torch.Generator().manual_seed(seed + batch_tokens)
+    ids = torch.randint(20, int(target.config.vocab_size), (rows, slots), generator=generator).to(device)
+    valid = (torch.arange(rows * slots, device=device) < batch_tokens).reshape(slots, rows).T
     mask = torch.cat([torch.ones(rows, cache_length, dtype=torch.long, device=device), valid.long()], dim=1)
     positions = cache_length + torch.arange(slots, device=device)[None, :].expand(rows, -1)
-    samples = []
-    for index in range(warmup + repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        out = target(input_ids=ids, attention_mask=mask, position_ids=positions, cache=row_cache, use_cache=True,
-                     output_hidden_states=taps, logits_to_keep=0)
-        out.logits.float()  # the loop converts verification logits to fp32
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - start
-        row_cache.crop(-slots)  # drop the new slots again: every repeat sees the same cache
-        if index >= warmup:
-            samples.append(elapsed)
-    return statistics.median(samples)
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
+
+
+def _time_forward(target, cache: DynamicCache, inputs: dict, taps: list[int]) -> float:
+    """Seconds of one verification forward on `cache` (the appended slots are cropped off again)."""
+    sync = torch.cuda.synchronize if inputs["input_ids"].device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    out = target(**inputs, cache=cache, use_cache=True, output_hidden_states=taps, logits_to_keep=0)
+    out.logits.float()  # the loop converts verification logits to fp32
+    sync()
+    elapsed = time.perf_counter() - start
+    cache.crop(-inputs["input_ids"].shape[1])
+    return elapsed
 
 
 def profile_step_curve(
@@ -165,18 +166,19 @@ def profile_step_curve(
     rows: int = 8,
     cache_length: int = 200,
     repeats: int = 5,
-    warmup: int = 2,
+    warmup: int = 1,
     threads: int | None = None,
     taps: Sequence[int] | None = None,
     progress: bool = True,
     seed: int = 0,
 ) -> StepCurve:
-    """Measure SPS(B) of `target`'s verification forward at each B in `batch_tokens` (ascending, positive).
+    """Measure SPS(B) of `target`'s verification forward at each B in `batch_tokens` (positive ints).
 
     rows: the most rows the B tokens are spread over (`block_layout`); cache_length: tokens already in each row's
-    KV cache; repeats/warmup: timed and untimed forwards per B (the median of the timed ones is used); threads:
-    torch threads pinned while profiling (None: keep the current count, which is recorded); taps: hidden-state
-    indices requested (default 3 evenly spaced layers). Returns a `StepCurve` with model/device/dtype/threads set.
+    KV cache; repeats: timed sweeps over all B (interleaved, so a burst of load on a shared machine hits every B
+    alike; SPS uses the median per B); warmup: untimed sweeps first; threads: torch threads pinned while
+    profiling (None: keep the current count, which is recorded); taps: hidden-state indices requested (default 3
+    evenly spaced layers). Returns a `StepCurve` with model/device/dtype/threads set.
     """
     points = sorted({int(b) for b in batch_tokens})
     if not points or points[0] < 1:
@@ -185,17 +187,25 @@ def profile_step_curve(
         raise ValueError("rows, cache_length and repeats must be >= 1 and warmup >= 0.")
     taps = list(taps) if taps is not None else default_taps(int(target.config.num_hidden_layers))
     max_rows = min(rows, points[-1])
-    seconds = []
+    samples: dict[int, list[float]] = {b: [] for b in points}
     with pinned_threads(threads), torch.inference_mode():
         used_threads = torch.get_num_threads()
         cache = _prefill(target, max_rows, cache_length, seed)
-        bar = tqdm(points, desc=f"profiling SPS(B) of {model_name(target)}", unit="B", disable=not progress)
-        for b in bar:
-            seconds.append(_time_forward(target, cache, b, cache_length, max_rows, taps, repeats, warmup))
-            bar.set_postfix(B=b, ms=f"{1e3 * seconds[-1]:.1f}")
+        inputs = {b: _verification_inputs(target, b, cache_length, max_rows, seed) for b in points}
+        bar = tqdm(total=(warmup + repeats) * len(points), desc=f"profiling SPS(B) of {model_name(target)}",
+                   unit="fwd", disable=not progress)
+        for sweep in range(warmup + repeats):
+            for b in points:
+                row_cache = _select_rows(target, cache, inputs[b]["input_ids"].shape[0])
+                elapsed = _time_forward(target, row_cache, inputs[b], taps)
+                if sweep >= warmup:
+                    samples[b].append(elapsed)
+                bar.update(1)
+                bar.set_postfix(B=b, ms=f"{1e3 * elapsed:.1f}")
+        bar.close()
     return StepCurve(
         batch_tokens=points,
-        steps_per_second=[1.0 / max(s, 1e-9) for s in seconds],
+        steps_per_second=[1.0 / max(statistics.median(samples[b]), 1e-9) for b in points],
         model=model_name(target),
         device=target_device(target),
         dtype=target_dtype(target),

@@ -113,3 +113,18 @@ def test_prepare_data_config_validation():
         PrepareDataConfig(inputs=[], output_dir="x")
     with pytest.raises(ValueError, match="top_p"):
         PrepareDataConfig(inputs=["a"], output_dir="x", top_p=0)
+
+
+def test_prepare_data_command_line(tmp_path, byte_tokenizer):
+    from hf_dspark.training.regenerate import main
+
+    target_dir = tmp_path / "target"
+    _tiny_generator(byte_tokenizer).save_pretrained(target_dir)
+    byte_tokenizer.save_pretrained(target_dir)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"turns": ["hi"]}, {"turns": ["yo"]}])
+    argv = ["--inputs", str(prompts), "--output_dir", str(tmp_path / "out"), "--target", str(target_dir),
+            "--dtype", "float32", "--max_new_tokens", "3", "--temperature", "0",
+            "--extra_generate_kwargs", '{"repetition_penalty": 1.1}']
+    assert main(argv) == 0
+    records = load_conversations([tmp_path / "out"])
+    assert [r["id"] for r in records] == ["p:0", "p:1"] and all(len(r["responses"]) == 1 for r in records)

@@ -51,8 +51,11 @@ class DSparkLoop:
         self.processors = RowProcessors(logits_processor, batch)
         self.rows = RowState(input_ids, stopping_criteria, generation_config)
         self.generator = DSparkCandidateGenerator(drafter, self.processors, self.do_sample, range(batch))
-        self.policy = policy_from_config(generation_config, drafter.config.block_size)
-        self.stats = DSparkGenerationStats(batch, drafter.config.block_size, self.policy.name)
+        self.policy = policy_from_config(generation_config, drafter.config.block_size, target=model)
+        self.stats = DSparkGenerationStats(
+            batch, drafter.config.block_size, self.policy.name,
+            record_confidence=bool(getattr(generation_config, "dspark_record_confidence", False)),
+        )
         self.target = None
         self.anchor = None
 
@@ -90,6 +93,7 @@ class DSparkLoop:
         proposal = self.generator.propose(self.anchor, histories)
         cap = torch.tensor([self.rows.remaining(r) - 1 for r in active], device=self.anchor.device)
         verify_len = self.policy(proposal, cap)
+        self.stats.record_schedule(self.policy.last_schedule, proposal.confidence_logits)
         steps = 1 + int(verify_len.max())
         drafts = proposal.draft_ids[:, : steps - 1]
         inputs = torch.cat([self.anchor[:, None], drafts], dim=1)

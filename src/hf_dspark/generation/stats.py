@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .policy import ScheduleRecord
 
 
 @dataclass
@@ -18,6 +24,13 @@ class DSparkGenerationStats:
         accepted_lengths: per round, tokens committed by each active row (accepted drafts + the correction or
             bonus token: the paper's τ for that row and round), as a dict row -> τ.
         batch_tokens: per round, B = Σ_r (1 + ℓ_r), the tokens of that round's verification forward.
+        accepted_drafts: per round, drafts each active row got accepted by verification (dict row -> count; may
+            exceed what was committed when EOS or `max_new_tokens` cut the row).
+        expected_tokens / expected_throughput: per round, the policy's τ̂ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) and
+            Θ̂ = τ̂·SPS(B) for what it admitted (None without a confidence head / without a step curve).
+        record_confidence: keep `confidence_logits` (set from `generation_config.dspark_record_confidence`).
+        confidence_logits: per round, the raw confidence-head logits `[A, γ]` (CPU), rows in the order of that
+            round's `verify_lens` keys; empty unless `record_confidence`.
         draft_tokens_verified / draft_tokens_accepted: totals over all rows and rounds.
         prefill_tokens: tokens processed by the prefill forward.
         compactions: how often the target cache was compacted.
@@ -37,12 +50,27 @@ class DSparkGenerationStats:
     compactions: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    accepted_drafts: list[dict[int, int]] = field(default_factory=list)
+    expected_tokens: list[float | None] = field(default_factory=list)
+    expected_throughput: list[float | None] = field(default_factory=list)
+    record_confidence: bool = False
+    confidence_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
+
+    def record_schedule(self, schedule: ScheduleRecord, confidence_logits: torch.Tensor | None = None) -> None:
+        """Called once per round, right after the policy: its expectation, and the raw logits if recording."""
+        self.expected_tokens.append(schedule.expected_tokens)
+        self.expected_throughput.append(schedule.expected_throughput)
+        if self.record_confidence:
+            if confidence_logits is None:
+                raise ValueError("dspark_record_confidence=True needs a drafter with a confidence head.")
+            self.confidence_logits.append(confidence_logits.detach().float().cpu())
 
     def record_round(self, rows: list[int], verify_len: list[int], accepted_drafts: list[int],
                      committed: list[int]) -> None:
         self.rounds += 1
         self.verify_lens.append(dict(zip(rows, verify_len)))
         self.accepted_lengths.append(dict(zip(rows, committed)))
+        self.accepted_drafts.append(dict(zip(rows, accepted_drafts)))
         self.batch_tokens.append(sum(1 + v for v in verify_len))
         self.draft_tokens_verified += sum(verify_len)
         self.draft_tokens_accepted += sum(accepted_drafts)
@@ -63,6 +91,30 @@ class DSparkGenerationStats:
         values = [v for rnd in self.verify_lens for v in rnd.values()]
         return sum(values) / len(values) if values else 0.0
 
+    @property
+    def mean_batch_tokens(self) -> float:
+        """Mean B per verification forward."""
+        return sum(self.batch_tokens) / len(self.batch_tokens) if self.batch_tokens else 0.0
+
+    def calibration_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out pairs for STS from the recorded rounds: (confidence_logits `[N, γ]`, survived `[N, γ]`).
+
+        One sample per (round, row) whose every position was verified (ℓ_r = γ); survived[:, k] = 1 iff k <
+        accepted drafts (positions 0-based), the realised prefix survival. Needs `record_confidence`.
+        """
+        logits, labels = [], []
+        positions = torch.arange(self.block_size)
+        for round_logits, lens, accepted in zip(self.confidence_logits, self.verify_lens, self.accepted_drafts):
+            keep = [(a, row) for a, row in enumerate(lens) if lens[row] == self.block_size]
+            if keep:
+                counts = torch.tensor([accepted[row] for _, row in keep])
+                logits.append(round_logits[[a for a, _ in keep]])
+                labels.append((positions[None, :] < counts[:, None]).float())
+        if not logits:
+            empty = torch.zeros(0, self.block_size)
+            return empty, empty.clone()
+        return torch.cat(logits), torch.cat(labels)
+
     def per_row_accepted_lengths(self, row: int) -> list[int]:
         return [rnd[row] for rnd in self.accepted_lengths if row in rnd]
 
@@ -74,4 +126,5 @@ class DSparkGenerationStats:
             "mean_verify_len": round(self.mean_verify_len, 4),
             "draft_tokens_verified": self.draft_tokens_verified,
             "draft_tokens_accepted": self.draft_tokens_accepted,
+            "mean_batch_tokens": round(self.mean_batch_tokens, 4),
         }

@@ -18,7 +18,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 @dataclass
 class VerifyOutput:
     logits: torch.Tensor  # [A, T, V] float32
-    features: torch.Tensor  # [A, T, n_taps·d] concatenated tapped layer outputs
+    features: torch.Tensor | None  # [A, T, n_taps·d] concatenated tapped layer outputs (None without taps)
 
 
 class RaggedTargetCache:
@@ -51,12 +51,12 @@ class RaggedTargetCache:
         mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()
         out = model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            output_hidden_states=list(tap_indices), logits_to_keep=0, **(extra_kwargs or {}),
+            output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),
         )
         self.cache = out.cache
         # Until `commit`, the new slots count as holes.
         self.valid = torch.cat([self.valid, torch.zeros_like(input_valid, dtype=torch.bool)], dim=1)
-        features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1)
+        features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1) if tap_indices else None
         return VerifyOutput(out.logits.float(), features)
 
     def commit_last(self, steps: int, kept: torch.Tensor) -> None:
@@ -93,3 +93,18 @@ class RaggedTargetCache:
         self.valid = self.valid.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)
         self.maybe_compact()
+
+    def add_rows(self, other: RaggedTargetCache) -> None:
+        """Append the rows of another cache (e.g. newly admitted requests), left-padding both to one width."""
+        width = max(self.width, other.width)
+
+        def pad(tensor: torch.Tensor, have: int) -> torch.Tensor:
+            return torch.nn.functional.pad(tensor, (0, 0, width - have, 0)) if have < width else tensor
+
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([pad(mine.keys, self.width), pad(theirs.keys, other.width)])
+            mine.values = torch.cat([pad(mine.values, self.width), pad(theirs.values, other.width)])
+        left = torch.nn.functional.pad(self.valid, (width - self.width, 0))
+        right = torch.nn.functional.pad(other.valid, (width - other.width, 0))
+        self.valid = torch.cat([left, right])
+        self.next_position = torch.cat([self.next_position, other.next_position])

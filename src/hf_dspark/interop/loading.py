@@ -1,4 +1,13 @@
-"""Loading drafters from folders, with the checkpoint layout detected from `config.json`."""
+"""Loading drafters from folders in any supported layout, detected from `config.json`.
+
+- native: `model_type: "dspark"` (hf-dspark `save_pretrained`), loaded by transformers' `from_pretrained`;
+- deepspec: the DeepSpec / serving-engine layout (`architectures: ["<Family>DSparkModel"]`), see `deepspec.py`;
+- dflash: a z-lab DFlash drafter (`DFlashDraftModel`, `dflash_config`), see `dflash.py`.
+
+Weights are read from safetensors only; the tensors are checked against the config before anything is loaded, and
+every error names the file and the mismatch. The engine layout's copies of the target's embedding and LM head are
+checked against the bound target and dropped (the drafter always uses the target's own).
+"""
 
 from __future__ import annotations
 
@@ -6,36 +15,149 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 from transformers import PreTrainedModel
+from transformers.utils import logging
+
+from .deepspec import config_from_deepspec, is_deepspec
+from .dflash import UNSUPPORTED_ARCHITECTURES, config_from_dflash, is_dflash
+from .weights import SHARED_WEIGHTS, check_tensor_names, expected_shapes, read_tensors, tensor_shapes, weight_files
+
+logger = logging.get_logger(__name__)
+
+LAYOUTS = ("native", "deepspec", "dflash")
 
 
-def detect_layout(path: str | Path) -> str:
-    """Return `"native"` for an hf-dspark folder; raise `ValueError` naming the file for anything else."""
+def read_config_json(path: str | Path) -> tuple[dict[str, Any], Path]:
+    """(config dict, config file) of a drafter folder; `ValueError` naming the file when missing or invalid."""
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{config_file} does not exist: a drafter folder needs a config.json.")
     try:
-        config = json.loads(config_file.read_text())
+        raw = json.loads(config_file.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{config_file} is not valid JSON ({err}).") from err
-    if config.get("model_type") == "dspark":
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_file} must hold a JSON object, got {type(raw).__name__}.")
+    return raw, config_file
+
+
+def detect_layout(path: str | Path) -> str:
+    """`"native"`, `"deepspec"` or `"dflash"` for a drafter folder; `ValueError` naming the file for anything else."""
+    raw, config_file = read_config_json(path)
+    if raw.get("model_type") == "dspark":
         return "native"
+    if is_deepspec(raw):
+        return "deepspec"
+    archs = raw.get("architectures") or []
+    if is_dflash(raw) or any(a in UNSUPPORTED_ARCHITECTURES for a in archs):
+        return "dflash"  # config_from_dflash refuses the unsupported variants with the reason
     raise ValueError(
-        f"{config_file} describes model_type={config.get('model_type')!r} with architectures="
-        f"{config.get('architectures')}; this is not a known drafter layout (expected model_type 'dspark')."
+        f"{config_file} describes model_type={raw.get('model_type')!r} with architectures={archs}; this is not a "
+        "known drafter layout. Expected model_type 'dspark' (hf-dspark), architectures ['<Family>DSparkModel'] "
+        "with block_size and target_layer_ids (DeepSpec / serving engines), or a z-lab DFlashDraftModel with "
+        "dflash_config."
     )
 
 
+def _resolve_dtype(kwargs: dict[str, Any], target: nn.Module | None, fallback: torch.dtype) -> torch.dtype:
+    dtype = kwargs.pop("dtype", None) or kwargs.pop("torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = None if dtype == "auto" else getattr(torch, dtype)
+    if dtype is None and target is not None:
+        dtype = target.get_input_embeddings().weight.dtype
+    return dtype or fallback
+
+
+def check_shared_weights(shared: dict[str, torch.Tensor], target: nn.Module, folder: Path) -> None:
+    """Compare the engine layout's embedding / LM-head copies with the bound target's (shape: error; values: warn)."""
+    references = {
+        "embed_tokens.weight": target.get_input_embeddings(),
+        "lm_head.weight": target.get_output_embeddings(),
+    }
+    for name, saved in shared.items():
+        module = references[name]
+        if module is None:
+            continue
+        reference = module.weight.detach()
+        if tuple(saved.shape) != tuple(reference.shape):
+            raise ValueError(
+                f"{name} in {folder} has shape {list(saved.shape)} but the bound target's has "
+                f"{list(reference.shape)}: this drafter was exported for a different target."
+            )
+        diff = (saved.float() - reference.to("cpu").float()).abs().max().item()
+        tolerance = 1e-2 if saved.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        if diff > tolerance * max(1.0, reference.abs().max().item()):
+            logger.warning(
+                f"{name} in {folder} differs from the bound target's (max |diff| {diff:.3g}): the drafter was "
+                "exported with another target checkpoint; it drafts with this target's weights."
+            )
+
+
+def _bind(drafter, target: nn.Module, config_file: Path):
+    try:
+        return drafter.bind_target(target)
+    except ValueError as err:
+        raise ValueError(f"{config_file}: {err}") from err
+
+
+def _load_foreign(cls: type, folder: Path, layout: str, target: nn.Module | None, kwargs: dict[str, Any]):
+    """Build a drafter from a DeepSpec or DFlash folder (config translated, tensors checked, then assigned)."""
+    raw, config_file = read_config_json(folder)
+    found = tensor_shapes(folder)
+    use_qk_norm = "layers.0.self_attn.q_norm.weight" in found
+    if layout == "dflash":
+        config = config_from_dflash(raw, config_file, use_qk_norm)
+    else:
+        config = config_from_deepspec(raw, config_file, use_qk_norm, "mask_embedding" in found)
+    dropped = set(SHARED_WEIGHTS)
+    if config.mask_token_id is not None and "mask_embedding" in found:
+        dropped.add("mask_embedding")  # unused placeholder some exporters write next to a vocabulary mask row
+    check_tensor_names({k: v for k, v in found.items() if k not in dropped}, expected_shapes(cls, config), config_file)
+    tensors = read_tensors(folder)
+    shared = {name: tensors.pop(name) for name in SHARED_WEIGHTS if name in tensors}
+    for name in dropped - set(SHARED_WEIGHTS):
+        tensors.pop(name, None)
+    dtype = _resolve_dtype(kwargs, target, tensors["fc.weight"].dtype)
+    if kwargs:
+        logger.warning(f"Ignoring from_pretrained arguments {sorted(kwargs)} for the {layout} layout of {folder}.")
+    config._name_or_path = str(folder)
+    with torch.device("meta"):
+        drafter = cls(config)
+    drafter.load_state_dict(tensors, strict=True, assign=True)
+    drafter = drafter.to(dtype).eval()
+    drafter.name_or_path = str(folder)
+    if target is not None:
+        check_shared_weights(shared, target, folder)
+        _bind(drafter, target, config_file)
+    return drafter
+
+
+def _check_native(cls: type, folder: Path) -> None:
+    """Check a native folder's tensors against its config before transformers loads it (no silent random init)."""
+    from ..configuration_dspark import DSparkConfig
+
+    config_file = folder / "config.json"
+    weight_files(folder)  # refuses pickle-only folders with a clear message
+    config = DSparkConfig.from_pretrained(folder)
+    check_tensor_names(tensor_shapes(folder), expected_shapes(cls, config), config_file, ignore=())
+
+
 def load_drafter(cls: type, path: Any, *args: Any, target: nn.Module | None = None, **kwargs: Any):
-    """`DSparkDrafter.from_pretrained` body: load safetensors weights only, then bind `target` if given."""
+    """`DSparkDrafter.from_pretrained` body: detect the layout, load safetensors weights only, bind `target`."""
     local = Path(str(path))
     if local.is_dir():
-        detect_layout(local)
+        layout = detect_layout(local)
+        if layout != "native":
+            if args:
+                raise TypeError(f"positional model arguments {args} are not supported for the {layout} layout.")
+            return _load_foreign(cls, local, layout, target, dict(kwargs))
+        _check_native(cls, local)
     kwargs.setdefault("use_safetensors", True)
     if target is not None:
         kwargs.setdefault("dtype", target.get_input_embeddings().weight.dtype)
     drafter = PreTrainedModel.from_pretrained.__func__(cls, path, *args, **kwargs)
     if target is not None:
-        drafter.bind_target(target)
+        _bind(drafter, target, local / "config.json")
     return drafter

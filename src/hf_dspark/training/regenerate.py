@@ -8,8 +8,9 @@ skips every prompt id already present, so an interrupted run resumes where the l
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ class PrepareDataConfig:
         max_prompts_per_file: take only the first n prompts of each input file (`None`: all).
         seed: base seed; batch b of a shard s is sampled with seed + 1_000_003·s + b.
         num_threads: torch CPU threads (`None`: leave torch's default).
+        extra_generate_kwargs: more `generate` arguments as a JSON object string, e.g.
+            `'{"repetition_penalty": 1.1}'` (a dict is accepted too from Python).
     """
 
     inputs: list[str]
@@ -62,11 +65,13 @@ class PrepareDataConfig:
     max_prompts_per_file: int | None = None
     seed: int = 0
     num_threads: int | None = None
-    extra_generate_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra_generate_kwargs: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, Path)):
             self.inputs = [str(self.inputs)]
+        extra = self.extra_generate_kwargs or {}
+        self.generate_kwargs: dict[str, Any] = json.loads(extra) if isinstance(extra, str) else dict(extra)
         if not self.inputs:
             raise ValueError("inputs is empty; pass prompt JSONL files, e.g. data/train/gsm8k_train.jsonl.")
         if self.dtype not in ("bfloat16", "float32", "float16"):
@@ -149,7 +154,7 @@ def generate_replies(
     torch.manual_seed(seed)
     output = model.generate(
         **batch, max_new_tokens=config.max_new_tokens, eos_token_id=stop_ids, pad_token_id=tokenizer.pad_token_id,
-        **sampling, **config.extra_generate_kwargs,
+        **sampling, **config.generate_kwargs,
     )
     replies = []
     for row in output[:, batch["input_ids"].shape[1] :].tolist():
@@ -219,5 +224,5 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import HfArgumentParser
 
     (config,) = HfArgumentParser(PrepareDataConfig).parse_args_into_dataclasses(args=argv)
-    print(prepare_data(config))
+    logger.warning(f"regenerated conversations are in {prepare_data(config)}")
     return 0

@@ -185,6 +185,7 @@ def parse_train_args(argv: Sequence[str] | None = None) -> tuple[DSparkTrainConf
     return config, args
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m hf_dspark.training --data ... --output_dir ...` (also under `accelerate launch -m`)."""
+def main(argv: Sequence[str] | None = None) -> int:
+    """`hf-dspark train` / `python -m hf_dspark.training --data ... --output_dir ...` (also `accelerate launch -m`)."""
     train(*parse_train_args(argv))
+    return 0

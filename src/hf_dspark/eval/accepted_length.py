@@ -1,0 +1,337 @@
+"""Offline accepted length (`hf-dspark eval`): τ per prompt set and drafter with the scheduler off (fixed ℓ).
+
+Every drafter runs inside the same batched DSpark loop (`target.generate(..., assistant_model=drafter)`) with
+`dspark_policy="fixed"`, so τ isolates draft quality. A small wrapper around `drafter.propose` records each
+round's drafts and raw confidence logits; with the loop's per-round stats and the final sequences that gives,
+per row and round, `[ℓ, m, c]` (see `acceptance_metrics`). Multi-turn items are played turn by turn with the
+model's own earlier replies. Per-(drafter, ℓ, set, prompt, turn) records are appended to a JSON Lines work file
+next to the output, so an interrupted run resumes where it stopped. `eval_report.build_report` turns the
+records into the JSON report and `plots` draws the figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import GenerationConfig
+from transformers.utils import logging
+
+from ..modeling_dspark import DSparkDrafter
+from .acceptance_metrics import leading_matches
+from .prompt_lookup import prompt_lookup_for
+from .prompts import chat_input_ids, load_prompt_set
+
+logger = logging.get_logger(__name__)
+
+PROMPT_LOOKUP = "prompt_lookup"
+
+
+@dataclass
+class EvalConfig:
+    """Args:
+    sets: JSONL prompt sets (`{"turns": [...]}` per line); a set's name is its file stem.
+    temperature: 1.0 samples (top-k/top-p off); 0 decodes greedily.
+    block_size: ℓ = γ for the main table (capped at each drafter's block size); None = each drafter's own.
+    sweep_gammas: proposal lengths of the γ sweep (a drafter proposing fewer positions is skipped there).
+    prompt_lookup: add the prompt-lookup drafter (any γ) next to the given drafters.
+    limit: prompts per set (None: all).
+    max_new_tokens: tokens generated per turn.
+    batch_size: prompts per generate call (τ is per row either way).
+    seed: base seed of the sampling runs.
+    threads: torch threads, pinned for the whole run.
+    out: JSON report path; figures `<stem>_*.png` and the work file `<stem>.work.jsonl` go beside it.
+    resume: reuse the records of the work file (False starts it afresh).
+    """
+
+    sets: list[str] = field(default_factory=list)
+    temperature: float = 1.0
+    block_size: int | None = None
+    sweep_gammas: list[int] = field(default_factory=lambda: [4, 8, 12, 16])
+    prompt_lookup: bool = False
+    limit: int | None = None
+    max_new_tokens: int = 256
+    batch_size: int = 4
+    seed: int = 0
+    threads: int = 2
+    out: str = "benchmarks/results/eval.json"
+    resume: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.sets:
+            raise ValueError("give at least one prompt set (e.g. data/eval/gsm8k.jsonl)")
+        for path in self.sets:
+            if not Path(path).is_file():
+                raise ValueError(f"prompt set {path} does not exist")
+        if self.temperature < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError("temperature must be >= 0, max_new_tokens and batch_size >= 1")
+        if (self.block_size is not None and self.block_size < 1) or any(g < 1 for g in self.sweep_gammas):
+            raise ValueError("block sizes must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def fingerprint(self) -> str:
+        """What must match for a work-file record to be reused."""
+        return f"T={self.temperature:g}|new={self.max_new_tokens}|seed={self.seed}"
+
+    @property
+    def work_path(self) -> Path:
+        return Path(self.out).with_suffix(".work.jsonl")
+
+
+@dataclass
+class Plan:
+    """One (drafter, ℓ) run over every set; `role` is "main" (the table) or "sweep"."""
+
+    name: str
+    drafter: DSparkDrafter
+    verify_len: int
+    role: str
+
+
+# ---------------------------------------------------------------------------------------------- recording
+@dataclass
+class ProposalCall:
+    rows: list[int]
+    drafts: torch.Tensor  # [A, γ]
+    confidence_logits: torch.Tensor | None  # [A, γ]
+
+
+@contextmanager
+def recording_proposals(drafter: DSparkDrafter) -> Iterator[list[ProposalCall]]:
+    """Record every `drafter.propose` call (one per round) while the context is open."""
+    calls: list[ProposalCall] = []
+    original = drafter.propose
+
+    def propose(*args, **kwargs):
+        proposal = original(*args, **kwargs)
+        rows = kwargs.get("row_ids")
+        rows = list(range(proposal.draft_ids.shape[0])) if rows is None else list(rows)
+        logits = getattr(proposal, "confidence_logits", None)
+        if logits is None and proposal.confidence is not None:
+            logits = torch.logit(proposal.confidence.float().clamp(1e-6, 1 - 1e-6))
+        calls.append(ProposalCall(rows, proposal.draft_ids.cpu(), None if logits is None else logits.float().cpu()))
+        return proposal
+
+    drafter.propose = propose
+    try:
+        yield calls
+    finally:
+        del drafter.propose
+
+
+def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Tensor, prompt_width: int):
+    """Per row: (rounds `[[ℓ, m, c], ...]`, confidence logits per round or None, new-token count).
+
+    stats: the call's `DSparkGenerationStats`; calls: the recorded proposals (one per round); sequences: the
+    generate output `[B, prompt_width + T]`. The first new token of every row comes from the prefill.
+    """
+    if len(calls) != stats.rounds:
+        raise RuntimeError(f"recorded {len(calls)} proposals for {stats.rounds} rounds")
+    out = []
+    for row in range(sequences.shape[0]):
+        tokens = sequences[row, prompt_width:].tolist()
+        position, rounds, logits = 1, [], []
+        for call, lens, committed in zip(calls, stats.verify_lens, stats.accepted_lengths):
+            if row not in lens:
+                continue
+            verify_len, count, a = lens[row], committed[row], call.rows.index(row)
+            m = leading_matches(call.drafts[a, :verify_len].tolist(), tokens[position : position + count])
+            rounds.append([verify_len, m, count])
+            if call.confidence_logits is not None:
+                logits.append([round(float(z), 4) for z in call.confidence_logits[a]])
+            position += count
+        out.append((rounds, logits if len(logits) == len(rounds) else None, position))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- work file
+class WorkFile:
+    """Append-only JSONL of per-(drafter, ℓ, set, prompt, turn) records; records of other settings are ignored."""
+
+    def __init__(self, path: Path, fingerprint: str, resume: bool = True) -> None:
+        self.path, self.fingerprint = Path(path), fingerprint
+        self.records: dict[tuple, dict] = {}
+        if resume and self.path.is_file():
+            self._load()
+        elif self.path.exists():
+            self.path.unlink()
+
+    def _load(self) -> None:
+        ignored = 0
+        with open(self.path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by an interruption
+                    continue
+                if record.get("fingerprint") != self.fingerprint:
+                    ignored += 1
+                    continue
+                self.records[self.key(record)] = record
+        if ignored:
+            logger.warning(f"{self.path}: ignored {ignored} record(s) made with other settings than {self.fingerprint}")
+
+    @staticmethod
+    def key(record: dict) -> tuple:
+        return record["drafter"], record["verify_len"], record["set"], record["prompt"], record["turn"]
+
+    def get(self, *key) -> dict | None:
+        return self.records.get(tuple(key))
+
+    def append(self, record: dict) -> None:
+        record = {"fingerprint": self.fingerprint, **record}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records[self.key(record)] = record
+
+
+# ---------------------------------------------------------------------------------------------- generation
+def generation_config_for(target, config: EvalConfig, verify_len: int, pad_token_id: int) -> GenerationConfig:
+    """Plain sampling at `temperature` (top-k/top-p off) or greedy, DSpark fixed ℓ = `verify_len`."""
+    sampling = dict(do_sample=False) if config.greedy else dict(
+        do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0
+    )
+    generation = GenerationConfig(max_new_tokens=config.max_new_tokens, eos_token_id=target.generation_config.eos_token_id,
+                                  pad_token_id=pad_token_id, **sampling)
+    generation.dspark_policy = "fixed"
+    generation.dspark_verify_len = verify_len
+    return generation
+
+
+def _left_pad(prompts: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(p.shape[-1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, prompt in enumerate(prompts):
+        ids[r, width - prompt.shape[-1] :] = prompt.reshape(-1)
+        mask[r, width - prompt.shape[-1] :] = 1
+    return ids, mask
+
+
+def generate_rows(target, tokenizer, plan: Plan, prompts: list[torch.Tensor], generation: GenerationConfig,
+                  seed: int) -> list[dict]:
+    """One batched DSpark generate call; returns a partial record per prompt (rounds, logits, reply...)."""
+    ids, mask = _left_pad(prompts, generation.pad_token_id)
+    torch.manual_seed(seed)
+    start = time.perf_counter()
+    with recording_proposals(plan.drafter) as calls:
+        sequences = target.generate(ids.to(target.device), attention_mask=mask.to(target.device),
+                                    generation_config=generation, assistant_model=plan.drafter)
+    seconds = time.perf_counter() - start
+    rows = rounds_from_generation(plan.drafter.last_generation_stats, calls, sequences.cpu(), ids.shape[1])
+    records = []
+    for row, (rounds, logits, new_tokens) in enumerate(rows):
+        reply_ids = sequences[row, ids.shape[1] : ids.shape[1] + new_tokens]
+        records.append(dict(rounds=rounds, confidence_logits=logits, new_tokens=new_tokens,
+                            reply=tokenizer.decode(reply_ids, skip_special_tokens=True).strip(),
+                            seconds=seconds / len(prompts)))
+    return records
+
+
+def _seed(config: EvalConfig, *parts) -> int:
+    return zlib.crc32("|".join(str(p) for p in (config.seed, *parts)).encode()) & 0x7FFFFFFF
+
+
+def _pending_turns(work: WorkFile, plan: Plan, set_name: str, items: list[dict]) -> int:
+    return sum(work.get(plan.name, plan.verify_len, set_name, i, t) is None
+               for i, item in enumerate(items) for t in range(len(item["turns"])))
+
+
+def run_plan_on_set(plan: Plan, set_name: str, items: list[dict], target, tokenizer, config: EvalConfig,
+                    work: WorkFile) -> None:
+    """Play every pending (prompt, turn) of a set with one drafter at ℓ, in batches, turn by turn."""
+    pending = _pending_turns(work, plan, set_name, items)
+    if not pending:
+        return
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    generation = generation_config_for(target, config, plan.verify_len, pad)
+    bar = tqdm(total=pending, desc=f"{plan.name} ℓ={plan.verify_len} {set_name}", unit="turn")
+    for start in range(0, len(items), config.batch_size):
+        batch = range(start, min(start + config.batch_size, len(items)))
+        for turn in range(max(len(items[i]["turns"]) for i in batch)):
+            todo = [i for i in batch if turn < len(items[i]["turns"])
+                    and work.get(plan.name, plan.verify_len, set_name, i, turn) is None]
+            if not todo:
+                continue
+            prompts = []
+            for i in todo:
+                replies = [work.get(plan.name, plan.verify_len, set_name, i, t)["reply"] for t in range(turn)]
+                prompts.append(chat_input_ids(tokenizer, items[i]["turns"][: turn + 1], replies))
+            seed = _seed(config, plan.name, plan.verify_len, set_name, todo[0], turn)
+            for i, record in zip(todo, generate_rows(target, tokenizer, plan, prompts, generation, seed)):
+                work.append(dict(drafter=plan.name, verify_len=plan.verify_len, role=plan.role, set=set_name,
+                                 prompt=i, turn=turn, **record))
+            bar.update(len(todo))
+    bar.close()
+
+
+# ---------------------------------------------------------------------------------------------- plans
+def make_plans(config: EvalConfig, target, drafters: dict[str, DSparkDrafter]) -> tuple[list[Plan], dict]:
+    """Main runs first, then the γ sweep; returns (plans, {drafter: [skipped sweep γ]})."""
+    own = [d.config.block_size for d in drafters.values()]
+    main_pl = config.block_size or (max(own) if own else 7)
+    lookups: dict[int, DSparkDrafter] = {}
+
+    def lookup(gamma: int) -> DSparkDrafter:
+        if gamma not in lookups:
+            lookups[gamma] = prompt_lookup_for(target, gamma)
+        return lookups[gamma]
+
+    plans = [Plan(n, d, min(config.block_size or d.config.block_size, d.config.block_size), "main")
+             for n, d in drafters.items()]
+    if config.prompt_lookup:
+        plans.append(Plan(PROMPT_LOOKUP, lookup(main_pl), main_pl, "main"))
+    skipped: dict[str, list[int]] = {}
+    done = {(p.name, p.verify_len) for p in plans}
+    for gamma in config.sweep_gammas:
+        for name, drafter in drafters.items():
+            if gamma > drafter.config.block_size:
+                skipped.setdefault(name, []).append(gamma)
+            elif (name, gamma) not in done:
+                plans.append(Plan(name, drafter, gamma, "sweep"))
+        if config.prompt_lookup and (PROMPT_LOOKUP, gamma) not in done:
+            plans.append(Plan(PROMPT_LOOKUP, lookup(gamma), gamma, "sweep"))
+        done |= {(p.name, p.verify_len) for p in plans}
+    return plans, skipped
+
+
+def load_sets(config: EvalConfig) -> dict[str, list[dict]]:
+    return {Path(path).stem: load_prompt_set(path)[: config.limit] for path in config.sets}
+
+
+def run_eval(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDrafter]) -> dict:
+    """Run (or resume) the whole evaluation; writes and returns the JSON report (see `eval_report`)."""
+    from .eval_report import build_report, write_report
+
+    if PROMPT_LOOKUP in drafters:
+        raise ValueError(f"the drafter name {PROMPT_LOOKUP!r} is reserved for --prompt-lookup")
+    if not drafters and not config.prompt_lookup:
+        raise ValueError("nothing to evaluate: give drafters and/or enable prompt lookup")
+    torch.set_num_threads(config.threads)
+    start = time.perf_counter()
+    sets = load_sets(config)
+    plans, skipped = make_plans(config, target, drafters)
+    work = WorkFile(config.work_path, config.fingerprint, config.resume)
+    for plan in plans:
+        plan.drafter.eval()
+        for set_name, items in sets.items():
+            run_plan_on_set(plan, set_name, items, target, tokenizer, config, work)
+    arrays: dict = {}
+    report = build_report(config, plans, skipped, sets, work, wall_seconds=time.perf_counter() - start, arrays=arrays)
+    report = {"config": asdict(config), **report}
+    return write_report(report, config.out, arrays)

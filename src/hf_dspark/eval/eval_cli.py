@@ -1,0 +1,94 @@
+"""`hf-dspark eval`: the command-line front of `accepted_length.run_eval` (registered by `cli.build_parser`)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+PAPER_SETS = ["data/eval/gsm8k.jsonl", "data/eval/math500.jsonl", "data/eval/aime25.jsonl",
+              "data/eval/humaneval.jsonl", "data/eval/mbpp.jsonl", "data/eval/mt-bench.jsonl"]
+
+
+def parse_drafter_spec(spec: str) -> tuple[str, str]:
+    """`NAME=PATH` -> (name, path). PATH `untrained[:γ]` builds an untrained DSpark drafter (smoke tests)."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"--drafters takes NAME=PATH, got {spec!r}")
+    return name, path
+
+
+def load_drafter(target, path: str):
+    """A trained drafter (native, serving-engine or DFlash layout) or, for `untrained[:γ]`, a random one."""
+    from .. import DSparkConfig, DSparkDrafter
+
+    if path == "untrained" or path.startswith("untrained:"):
+        gamma = int(path.partition(":")[2] or 7)
+        config = DSparkConfig.from_target(target.config, block_size=gamma, markov_rank=64)
+        drafter = DSparkDrafter(config).bind_target(target)
+    else:
+        drafter = DSparkDrafter.from_pretrained(path, target=target)
+    drafter.eval_source = path
+    return drafter.eval()
+
+
+def _load_target(path: str | None, dtype_name: str):
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if path is None:
+        from .. import load_default_target
+
+        return load_default_target(dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import torch
+
+    from .accepted_length import EvalConfig, run_eval
+    from .eval_report import format_table
+
+    config = EvalConfig(sets=args.sets, temperature=args.temperature, block_size=args.block_size,
+                        sweep_gammas=args.sweep, prompt_lookup=args.prompt_lookup, limit=args.limit,
+                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+                        threads=args.threads, out=args.out, resume=not args.restart)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    target, tokenizer = _load_target(args.target, args.dtype)
+    drafters = {name: load_drafter(target, path) for name, path in args.drafters}
+    for name, drafter in drafters.items():
+        print(f"{name}: {drafter.eval_source} (γ = {drafter.config.block_size}, head {drafter.config.head_type})")
+    report = run_eval(config, target, tokenizer, drafters)
+    mode = "greedy (T=0)" if config.greedy else f"sampling (T={config.temperature:g}, top-k/top-p off)"
+    print(f"\naccepted length τ (tokens per round, bonus included), {mode}, fixed ℓ:")
+    print(format_table(report))
+    for name, gammas in report["length_sweep"]["skipped"].items():
+        print(f"γ sweep: {name} proposes fewer than γ = {gammas} positions; skipped there")
+    print(f"\nwrote {args.out} and {len(report['figures'])} figures in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def add_eval_command(sub) -> None:
+    """Register `eval` on the top-level subparsers."""
+    ev = sub.add_parser("eval", help="offline accepted length τ per set and drafter, with its figures")
+    ev.add_argument("--drafters", nargs="*", type=parse_drafter_spec, default=[], metavar="NAME=PATH",
+                    help="drafters side by side (PATH `untrained[:γ]` = a random DSpark drafter, for smoke runs)")
+    ev.add_argument("--prompt-lookup", action="store_true", help="add prompt lookup as a drafter")
+    ev.add_argument("--sets", nargs="+", default=PAPER_SETS, help="JSONL prompt sets (default: the paper's six)")
+    ev.add_argument("--temperature", type=float, default=1.0, help="1.0 samples (top-k/p off); 0 is greedy")
+    ev.add_argument("--block-size", type=int, default=None,
+                    help="ℓ = γ for the main table (default: each drafter's own block size)")
+    ev.add_argument("--sweep", type=int, nargs="*", default=[4, 8, 12, 16], help="γ of the proposal-length sweep")
+    ev.add_argument("--limit", type=int, default=None, help="prompts per set (default: all)")
+    ev.add_argument("--max-new-tokens", type=int, default=256, help="tokens per turn")
+    ev.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--threads", type=int, default=2, help="torch threads, pinned")
+    ev.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
+    ev.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ev.add_argument("--out", default="benchmarks/results/eval.json",
+                    help="JSON report; figures and the resumable work file <stem>.work.jsonl go beside it")
+    ev.add_argument("--restart", action="store_true", help="discard the work file instead of resuming")
+    ev.set_defaults(func=cmd_eval)

@@ -1,0 +1,178 @@
+"""Serving-load benchmark: closed-loop clients (or Poisson arrivals) on `DSparkEngine`, per verification policy.
+
+For each concurrency C and policy, C clients keep one request in flight each until `requests_per_level`
+requests have finished (closed loop), or requests arrive at `arrival_rate` per second (Poisson). Reported per
+(policy, C): aggregate tokens/s (all generated tokens / wall time), per-user tokens/s (mean over requests of
+tokens / (finish − admission)), and the mean verification budget ℓ per request per round. Plots: the
+throughput vs per-user speed frontier (paper Fig. 7) and the mean budget vs load (Fig. 8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..generation.engine import DSparkEngine
+from ..generation.policy import VerificationPolicy
+
+POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler")
+
+
+@dataclass
+class ServeConfig:
+    """Args:
+    concurrency: client counts C to measure.
+    policies: subset of none | fixed1 (ℓ = 1, MTP-1-like) | fixed (ℓ = γ) | threshold | scheduler (lagged).
+    requests_per_level: finished requests per (policy, C) (at least C).
+    max_new_tokens: tokens per request.
+    arrival_rate: requests/s for Poisson arrivals instead of closed-loop clients (None = closed loop).
+    threshold: survival threshold of the `threshold` policy.
+    threads: torch threads (pinned).
+    seed: prompt order and arrivals.
+    out: JSON path (PNGs beside it).
+    """
+
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
+    policies: list[str] = field(default_factory=lambda: list(POLICY_NAMES))
+    requests_per_level: int = 16
+    max_new_tokens: int = 48
+    arrival_rate: float | None = None
+    threshold: float = 0.5
+    threads: int = 2
+    seed: int = 0
+    out: str = "benchmarks/results/serve.json"
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.policies if p not in POLICY_NAMES]
+        if unknown:
+            raise ValueError(f"unknown policies {unknown}; choose from {POLICY_NAMES}")
+        if any(c < 1 for c in self.concurrency) or self.requests_per_level < 1:
+            raise ValueError("concurrency levels and requests_per_level must be >= 1")
+
+
+def make_policy(name: str, block_size: int, step_curve, threshold: float) -> VerificationPolicy | str:
+    if name == "none":
+        return "none"
+    if name == "fixed1":
+        return VerificationPolicy("fixed", block_size=block_size, verify_len=1)
+    if name == "fixed":
+        return VerificationPolicy("fixed", block_size=block_size)
+    if name == "threshold":
+        return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
+    return VerificationPolicy("lagged", block_size=block_size, step_curve=step_curve)
+
+
+def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: int, total: int,
+              max_new_tokens: int, arrival_rate: float | None, rng: random.Random) -> dict:
+    """Serve `total` requests at one load level; returns its metrics."""
+    start = time.perf_counter()
+    issued, next_arrival = 0, start
+    rids: list[int] = []
+
+    def issue() -> None:
+        nonlocal issued
+        rids.append(engine.add_request(prompts[issued % len(prompts)], max_new_tokens=max_new_tokens))
+        issued += 1
+
+    while len([r for r in rids if engine.result(r).finished]) < total:
+        now = time.perf_counter()
+        if arrival_rate is None:
+            in_flight = sum(not engine.result(r).finished for r in rids)
+            while in_flight < concurrency and issued < total:
+                issue()
+                in_flight += 1
+        else:
+            while next_arrival <= now and issued < total:
+                issue()
+                next_arrival += rng.expovariate(arrival_rate)
+        if engine.has_work():
+            engine.step()
+        elif issued < total:
+            time.sleep(max(0.0, min(next_arrival - time.perf_counter(), 0.05)))
+    wall = time.perf_counter() - start
+    done = [engine.result(r) for r in rids]
+    tokens = sum(len(r.generated) for r in done)
+    per_user = [len(r.generated) / max(r.finished_at - r.admitted, 1e-9) for r in done]
+    budgets = [v for rec in engine.records for v in rec.verify_lens]
+    return {
+        "aggregate_tokens_per_second": tokens / wall,
+        "per_user_tokens_per_second": statistics.mean(per_user),
+        "mean_verify_len": statistics.mean(budgets) if budgets else 0.0,
+        "mean_running": statistics.mean(rec.running for rec in engine.records) if engine.records else 0.0,
+        "tokens": tokens, "seconds": wall, "rounds": len(engine.records),
+        "mean_committed_per_round": statistics.mean(c for rec in engine.records for c in rec.committed),
+    }
+
+
+def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor], drafter, step_curve=None,
+                        drafter_label: str = "drafter") -> dict:
+    torch.set_num_threads(config.threads)
+    rng = random.Random(config.seed)
+    prompts = list(prompts)
+    rng.shuffle(prompts)
+    results = []
+    levels = [(p, c) for p in config.policies for c in config.concurrency]
+    for policy_name, concurrency in tqdm(levels, desc="serve levels"):
+        policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold)
+        engine = DSparkEngine(target, None if policy == "none" else drafter, policy=policy,
+                              max_running=max(config.concurrency))
+        total = max(config.requests_per_level, concurrency)
+        metrics = run_level(engine, prompts, concurrency, total, config.max_new_tokens, config.arrival_rate, rng)
+        results.append({"policy": policy_name, "concurrency": concurrency, **metrics})
+    report = {"config": asdict(config), "drafter": drafter_label, "block_size": drafter.config.block_size,
+              "torch_threads": config.threads, "results": results}
+    _write(report, Path(config.out))
+    return report
+
+
+def _write(report: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, path)
+    plot_serve(report, path)
+
+
+def plot_serve(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_policy: dict[str, list[dict]] = {}
+    for row in report["results"]:
+        by_policy.setdefault(row["policy"], []).append(row)
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name, rows in by_policy.items():
+        rows = sorted(rows, key=lambda r: r["concurrency"])
+        ax.plot([r["per_user_tokens_per_second"] for r in rows], [r["aggregate_tokens_per_second"] for r in rows],
+                marker="o", label=name)
+        for r in rows:
+            ax.annotate(str(r["concurrency"]), (r["per_user_tokens_per_second"], r["aggregate_tokens_per_second"]),
+                        fontsize=6)
+    ax.set_xlabel("per-user tokens/s")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title(f"throughput vs per-user speed ({report['drafter']}, labels = C)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path.with_name(path.stem + "_frontier.png"), dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for name, rows in by_policy.items():
+        rows = sorted(rows, key=lambda r: r["concurrency"])
+        ax.plot([r["concurrency"] for r in rows], [r["mean_verify_len"] for r in rows], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests C")
+    ax.set_ylabel("mean drafts verified per request per round")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path.with_name(path.stem + "_budget.png"), dpi=120)
+    plt.close(fig)

@@ -1,0 +1,167 @@
+"""Hub-ready native folders: `save_pretrained` + remote-code entry point + a generated model card.
+
+`auto_map` in a config must name `<file>.<Class>` with the file inside the repo (transformers splits the reference
+once on "."), so a package path such as `hf_dspark.modeling_dspark.DSparkDrafter` cannot be used. The folder gets
+a small `hf_dspark_auto.py` that subclasses the installed package's classes; with `pip install hf-dspark`,
+`AutoModel.from_pretrained(repo, trust_remote_code=True)` then loads the drafter offline, and in a process that
+already ran `import hf_dspark` the registered local classes are used without remote code. The implementation is
+never copied into the repo: the file fails with transformers' "requires the following packages ... hf_dspark"
+message when the package is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+REMOTE_CODE_FILE = "hf_dspark_auto.py"
+AUTO_MAP = {"AutoConfig": "hf_dspark_auto.DSparkConfig", "AutoModel": "hf_dspark_auto.DSparkDrafter"}
+TEMPLATE_NAME = "dspark_drafter.md"
+_REPO_TEMPLATES = Path(__file__).resolve().parents[3] / "model_cards"
+
+_REMOTE_CODE = '''"""Remote-code entry point for transformers' auto classes (written by hf-dspark).
+
+The DSpark drafter is implemented in the hf-dspark package (`pip install hf-dspark`); this file only subclasses its
+classes so that `AutoModel.from_pretrained(<this repo>, trust_remote_code=True)` works. Nothing else runs here.
+"""
+
+from hf_dspark.configuration_dspark import DSparkConfig as _DSparkConfig
+from hf_dspark.modeling_dspark import DSparkDrafter as _DSparkDrafter
+
+
+class DSparkConfig(_DSparkConfig):
+    """hf_dspark.DSparkConfig."""
+
+
+class DSparkDrafter(_DSparkDrafter):
+    """hf_dspark.DSparkDrafter; bind it to its target with `drafter.bind_target(target)`."""
+
+    config_class = DSparkConfig
+'''
+
+
+def add_remote_code(out_dir: str | Path) -> None:
+    """Write `hf_dspark_auto.py` and set `auto_map` in the folder's config.json."""
+    out = Path(out_dir)
+    config_file = out / "config.json"
+    raw = json.loads(config_file.read_text())
+    raw["auto_map"] = dict(AUTO_MAP)
+    config_file.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n")
+    (out / REMOTE_CODE_FILE).write_text(_REMOTE_CODE)
+
+
+def _tau_table(tau: dict[str, Any] | None) -> str:
+    """Markdown table from {"set": τ} or {"set": {"column": τ}}."""
+    if not tau:
+        return "_Not measured yet._"
+    rows = {name: value if isinstance(value, dict) else {"τ": value} for name, value in tau.items()}
+    columns = list(dict.fromkeys(col for value in rows.values() for col in value))
+    lines = ["| eval set | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for name, value in rows.items():
+        cells = [f"{v:.2f}" if isinstance(v := value.get(c, ""), int | float) else str(v) for c in columns]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _architecture(config) -> str:
+    head = {"markov": f"Markov head (rank {config.markov_rank})", "rnn": f"RNN head (rank {config.markov_rank})",
+            "none": "no sequential head (DFlash-style parallel drafter)"}[config.head_type]
+    convention = "anchor-first (DSpark)" if config.sample_from_anchor else "anchor + γ masks (DFlash)"
+    return "\n".join([
+        f"- {config.num_hidden_layers} drafter layers shaped like the target's (`{config.target_model_type}`: hidden "
+        f"{config.hidden_size}, {config.num_attention_heads} heads / {config.num_key_value_heads} KV heads)",
+        f"- context from target layers {config.target_layer_ids} of {config.num_target_layers} (KV injection)",
+        f"- {head}; confidence head: {'yes' if config.use_confidence_head else 'no'}",
+        f"- block convention: {convention}, γ = {config.block_size}, mask token id {config.mask_token_id}",
+        "- shares the target's embedding and LM head (not stored here)",
+    ])
+
+
+def _usage(base_model: str, repo_id: str) -> str:
+    return f'''```python
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from hf_dspark import DSparkDrafter  # pip install hf-dspark
+
+tokenizer = AutoTokenizer.from_pretrained("{base_model}")
+target = AutoModelForCausalLM.from_pretrained("{base_model}", dtype=torch.bfloat16)
+drafter = DSparkDrafter.from_pretrained("{repo_id}", target=target)  # binds the target's embedding / LM head
+
+inputs = tokenizer("Explain speculative decoding in one paragraph.", return_tensors="pt")
+output = target.generate(**inputs, assistant_model=drafter, max_new_tokens=256)
+print(tokenizer.decode(output[0], skip_special_tokens=True))
+```
+
+With hf-dspark installed, `AutoModel.from_pretrained("{repo_id}", trust_remote_code=True)` also loads it (the
+repo's `hf_dspark_auto.py` only imports the package); bind it with `drafter.bind_target(target)`. For vLLM,
+SGLang or TensorRT-LLM, convert it with `hf-dspark export --format deepspec --drafter {repo_id} OUT`.'''
+
+
+def _front_matter(base_model: str, license: str, datasets: list[str]) -> str:
+    lines = [f"license: {license}", f"base_model: {base_model}", "library_name: transformers",
+             "tags:", "  - dspark", "  - speculative-decoding", "  - draft-model", "  - hf-dspark"]
+    if datasets:
+        lines += ["datasets:"] + [f"  - {d}" for d in datasets]
+    return "\n".join(lines)
+
+
+def write_model_card(
+    drafter,
+    out_dir: str | Path,
+    *,
+    base_model: str | None = None,
+    training_data: str | list[str] | None = None,
+    budget: str | None = None,
+    tau_table: dict[str, Any] | None = None,
+    license: str = "apache-2.0",
+    repo_id: str | None = None,
+    title: str | None = None,
+    template: str | Path | None = None,
+) -> Path:
+    """Write README.md (a Hub model card) for a drafter folder from the `model_cards/` template.
+
+    `training_data`: a description or a list of Hub dataset ids (also listed in the card metadata); `budget`: e.g.
+    "3 GPU-hours on 1×H100, 20k steps"; `tau_table`: {"gsm8k": 3.4} or {"gsm8k": {"greedy": 3.4, "T=1": 3.1}}.
+    """
+    out = Path(out_dir)
+    path = Path(template) if template is not None else _REPO_TEMPLATES / TEMPLATE_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"Model card template {path} not found; pass template= the path of {TEMPLATE_NAME}.")
+    config = drafter.config
+    bound = getattr(drafter, "_bound", None)
+    base_model = base_model or (bound.name_or_path if bound else "") or (config.target_model_type or "unknown")
+    repo_id = repo_id or out.name
+    datasets = [training_data] if isinstance(training_data, str) else list(training_data or [])
+    url = base_model if base_model.startswith(("http://", "https://")) else f"https://huggingface.co/{base_model}"
+    card = Template(path.read_text()).substitute(
+        front_matter=_front_matter(base_model, license, [d for d in datasets if "/" in d and " " not in d]),
+        title=title or f"DSpark drafter for {base_model}",
+        base_model=base_model,
+        base_model_url=url,
+        gamma=config.block_size,
+        architecture=_architecture(config),
+        training_data=", ".join(datasets) if datasets else "_not recorded_",
+        budget=budget or "_not recorded_",
+        tau_table=_tau_table(tau_table),
+        usage=_usage(base_model, repo_id),
+        license_text=f"`{license}`; the target model's own license also applies to its use.",
+    )
+    (out / "README.md").write_text(card)
+    return out / "README.md"
+
+
+def save_for_hub(drafter, out_dir: str | Path, **card_facts: Any) -> Path:
+    """`save_pretrained` + `hf_dspark_auto.py` + `auto_map` + README.md: a folder `push_to_hub` can publish as is."""
+    out = Path(out_dir)
+    drafter.save_pretrained(out)
+    add_remote_code(out)
+    write_model_card(drafter, out, **card_facts)
+    logger.info(f"Wrote a Hub-ready drafter folder to {out}.")
+    return out

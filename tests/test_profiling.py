@@ -1,0 +1,124 @@
+"""SPS(B) profiling and the step-curve cache (hf_dspark.profiling, `hf-dspark profile`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_dspark import profiling
+from hf_dspark.profiling import (
+    block_layout,
+    default_taps,
+    load_or_profile_step_curve,
+    model_name,
+    profile_step_curve,
+    shipped_step_curve_path,
+    step_curve_path,
+)
+from hf_dspark.scheduler import StepCurve
+
+FAST = dict(batch_tokens=(1, 3, 8, 12), rows=4, cache_length=16, repeats=1, warmup=0, progress=False)
+
+
+@pytest.fixture()
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(profiling.CACHE_ENV, str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_profile_tiny_target(llama_target):
+    curve = profile_step_curve(llama_target, threads=1, **FAST)
+    assert curve.batch_tokens == [1, 3, 8, 12]
+    assert all(s > 0 for s in curve.steps_per_second)
+    assert curve.model == model_name(llama_target) == "llama-5L-64d"
+    assert (curve.device, curve.dtype, curve.threads) == ("cpu", "float32", 1)
+    assert torch.get_num_threads() == 1  # restored
+
+
+def test_profile_restores_thread_count(llama_target):
+    before = torch.get_num_threads()
+    profile_step_curve(llama_target, threads=2, **{**FAST, "batch_tokens": (2,)})
+    assert torch.get_num_threads() == before
+
+
+def test_profile_validates_arguments(llama_target):
+    with pytest.raises(ValueError, match="positive"):
+        profile_step_curve(llama_target, **{**FAST, "batch_tokens": (0, 2)})
+    with pytest.raises(ValueError, match="repeats"):
+        profile_step_curve(llama_target, **{**FAST, "repeats": 0})
+
+
+def test_block_layout_and_taps():
+    assert block_layout(1, 8) == (1, 1)
+    assert block_layout(3, 8) == (3, 1)
+    assert block_layout(12, 8) == (8, 2)
+    assert block_layout(128, 8) == (8, 16)
+    assert block_layout(5, 1) == (1, 5)
+    assert default_taps(30) == [1, 15, 30]
+    assert default_taps(2, count=3) == [1, 2]
+
+
+def test_save_load_round_trip(llama_target, tmp_path):
+    curve = profile_step_curve(llama_target, threads=1, **FAST)
+    curve.save(tmp_path / "curve.json")
+    loaded = StepCurve.load(tmp_path / "curve.json")
+    assert loaded == curve
+    assert loaded.steps_per_second_at(5) == pytest.approx(curve.steps_per_second_at(5))
+
+
+def test_step_curve_path_uses_env_and_key(cache_dir):
+    path = step_curve_path("HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", "float32", 2)
+    assert path == cache_dir / "step_curves" / "HuggingFaceTB--SmolLM2-135M-Instruct__cpu__float32__t2.json"
+    shipped = shipped_step_curve_path("HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", "float32", 1)
+    assert shipped.name == "SmolLM2-135M-Instruct__cpu__float32__t1.json"
+
+
+def test_load_or_profile_caches(llama_target, cache_dir, monkeypatch):
+    first = load_or_profile_step_curve(llama_target, threads=1, progress=False,
+                                       **{k: v for k, v in FAST.items() if k != "progress"})
+    path = step_curve_path(model_name(llama_target), "cpu", "float32", 1)
+    assert path.is_file() and StepCurve.load(path) == first
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("profiled again despite a cached curve")
+
+    monkeypatch.setattr(profiling, "profile_step_curve", forbidden)
+    assert load_or_profile_step_curve(llama_target, threads=1) == first
+    with pytest.raises(AssertionError, match="profiled again"):  # other thread count: another key
+        load_or_profile_step_curve(llama_target, threads=3)
+
+
+def test_load_or_profile_prefers_shipped_curve(llama_target, cache_dir, tmp_path, monkeypatch):
+    shipped_dir = tmp_path / "shipped"
+    monkeypatch.setattr(profiling, "SHIPPED_STEP_CURVES", shipped_dir)
+    shipped = StepCurve([1, 8], [10.0, 5.0], model=model_name(llama_target), threads=1)
+    shipped.save(shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1))
+    monkeypatch.setattr(profiling, "profile_step_curve", lambda *a, **k: pytest.fail("should not profile"))
+    assert load_or_profile_step_curve(llama_target, threads=1) == shipped
+    # A curve the user profiled on this machine wins over the shipped one.
+    user = StepCurve([1, 8], [20.0, 9.0], threads=1)
+    user.save(step_curve_path(model_name(llama_target), "cpu", "float32", 1))
+    assert load_or_profile_step_curve(llama_target, threads=1) == user
+
+
+def test_shipped_default_curve_is_valid():
+    path = shipped_step_curve_path("SmolLM2-135M-Instruct", "cpu", "float32", 1)
+    curve = StepCurve.load(path)
+    assert curve.batch_tokens[0] == 1 and curve.batch_tokens[-1] >= 64
+    assert curve.threads == 1 and curve.dtype == "float32" and curve.device == "cpu"
+    assert curve.steps_per_second[0] > curve.steps_per_second[-1]
+
+
+def test_profile_cli(llama_target, tmp_path):
+    from hf_dspark.cli import main
+
+    llama_target.save_pretrained(tmp_path / "target")
+    out, plot = tmp_path / "curve.json", tmp_path / "curve.png"
+    code = main(["profile", "--target", str(tmp_path / "target"), "--threads", "1", "--out", str(out),
+                 "--plot", str(plot), "--batch-tokens", "1", "4", "--repeats", "1", "--warmup", "0",
+                 "--cache-length", "8"])
+    assert code == 0 and plot.stat().st_size > 0
+    payload = json.loads(out.read_text())
+    assert payload["batch_tokens"] == [1, 4] and payload["threads"] == 1
