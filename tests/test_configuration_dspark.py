@@ -38,7 +38,7 @@ def test_default_taps_evenly_spaced_and_never_last():
         (lambda: MistralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                                num_key_value_heads=2, vocab_size=100), False, 1.0),
         (lambda: GemmaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
-                             num_key_value_heads=1, head_dim=16, vocab_size=100), False, 8.0),
+                             num_key_value_heads=1, head_dim=16, vocab_size=100), False, 1.0),
     ],
 )
 def test_from_target_families(make, qk_norm, multiplier):

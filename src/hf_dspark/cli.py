@@ -135,8 +135,8 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_target(path: str | None, dtype_name: str = "float32"):
-    """(model, tokenizer): a local/Hub causal LM at `path`, or the embedded default target when None."""
+def _load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool = True):
+    """(model, tokenizer or None): a local/Hub causal LM at `path`, or the embedded default target when None."""
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -146,16 +146,17 @@ def _load_target(path: str | None, dtype_name: str = "float32"):
         return load_default_target(dtype=dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from .profiling import DEFAULT_BATCH_TOKENS, profile_step_curve, step_curve_path
 
-    target, _ = _load_target(args.target, args.dtype)
+    target, _ = _load_target(args.target, args.dtype, tokenizer=False)
     curve = profile_step_curve(target, batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS, rows=args.rows,
                                cache_length=args.cache_length, repeats=args.repeats, warmup=args.warmup,
-                               threads=args.threads)
+                               threads=args.threads, statistic=args.statistic)
     out = args.out or str(step_curve_path(curve.model, curve.device, curve.dtype, curve.threads))
     curve.save(out)
     for b, sps in zip(curve.batch_tokens, curve.steps_per_second):
@@ -201,6 +202,8 @@ def _add_scheduling_commands(sub) -> None:
     profile.add_argument("--cache-length", type=int, default=200, help="tokens already cached per row")
     profile.add_argument("--repeats", type=int, default=5, help="timed sweeps over all B (median per B)")
     profile.add_argument("--warmup", type=int, default=1, help="untimed sweeps before the timed ones")
+    profile.add_argument("--statistic", choices=["median", "min"], default="median",
+                         help="per-B summary of the timed forwards (min: uncontended cost on a shared machine)")
     profile.set_defaults(func=cmd_profile)
 
     calibrate = sub.add_parser("calibrate", help="fit STS temperatures of a drafter's confidence head")

@@ -15,8 +15,6 @@ SOURCE_LAYOUTS = ("native", "deepspec", "dflash")
 
 # Families whose decoder layers carry per-head RMSNorms on queries and keys.
 _QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "olmo3")
-# Families that scale token embeddings by sqrt(hidden_size) before the first layer.
-_SCALED_EMBEDDING_FAMILIES = ("gemma", "gemma2", "gemma3", "gemma3_text")
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int = 5) -> list[int]:
@@ -267,7 +265,9 @@ class DSparkConfig(PreTrainedConfig):
             "attention_bias": bool(getattr(text_config, "attention_bias", False)),
             "use_qk_norm": model_type in _QK_NORM_FAMILIES,
             "vocab_size": text_config.vocab_size,
-            "embedding_multiplier": math.sqrt(hidden) if model_type in _SCALED_EMBEDDING_FAMILIES else 1.0,
+            # transformers' Gemma embedding modules already apply their sqrt(d) scale, and the drafter calls the
+            # target's module, so no extra multiplier is needed for any family shipped with transformers 5.
+            "embedding_multiplier": 1.0,
             "target_model_type": model_type,
         }
         fields.update(overrides)

@@ -94,6 +94,16 @@ class DSparkDrafter(DSparkPreTrainedModel):
         self.post_init()
 
     # ------------------------------------------------------------------ binding
+    def save_pretrained(self, save_directory, *args: Any, **kwargs: Any):
+        """`PreTrainedModel.save_pretrained` (safetensors, no target embedding/LM head), plus `auto_map` and the
+        small remote-code shim so `AutoModel.from_pretrained(folder, trust_remote_code=True)` works on the Hub."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            from .interop.hub import add_remote_code
+
+            add_remote_code(save_directory)
+        return result
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, target: nn.Module | None = None, **kw):
         """Load a drafter (native, or the serving-engine / DFlash layouts via `hf_dspark.interop`) and bind it."""

@@ -42,6 +42,7 @@ logger = logging.get_logger(__name__)
 DEFAULT_BATCH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 SHIPPED_STEP_CURVES = Path(__file__).resolve().parent / "resources" / "step_curves"
 CACHE_ENV = "HF_DSPARK_CACHE"
+_STATISTICS = {"median": statistics.median, "min": min}
 
 
 # ---------------------------------------------------------------------------------------------- naming / paths
@@ -171,20 +172,24 @@ def profile_step_curve(
     taps: Sequence[int] | None = None,
     progress: bool = True,
     seed: int = 0,
+    statistic: str = "median",
 ) -> StepCurve:
     """Measure SPS(B) of `target`'s verification forward at each B in `batch_tokens` (positive ints).
 
     rows: the most rows the B tokens are spread over (`block_layout`); cache_length: tokens already in each row's
     KV cache; repeats: timed sweeps over all B (interleaved, so a burst of load on a shared machine hits every B
-    alike; SPS uses the median per B); warmup: untimed sweeps first; threads: torch threads pinned while
-    profiling (None: keep the current count, which is recorded); taps: hidden-state indices requested (default 3
-    evenly spaced layers). Returns a `StepCurve` with model/device/dtype/threads set.
+    alike); warmup: untimed sweeps first; threads: torch threads pinned while profiling (None: keep the current
+    count, which is recorded); taps: hidden-state indices requested (default 3 evenly spaced layers); statistic:
+    "median" (default) or "min" of the timed forwards per B ("min" estimates the uncontended cost on a machine
+    shared with other jobs). Returns a `StepCurve` with model/device/dtype/threads set.
     """
     points = sorted({int(b) for b in batch_tokens})
     if not points or points[0] < 1:
         raise ValueError(f"batch_tokens must be positive integers, got {list(batch_tokens)}.")
     if rows < 1 or cache_length < 1 or repeats < 1 or warmup < 0:
         raise ValueError("rows, cache_length and repeats must be >= 1 and warmup >= 0.")
+    if statistic not in _STATISTICS:
+        raise ValueError(f"statistic must be one of {sorted(_STATISTICS)}, got {statistic!r}.")
     taps = list(taps) if taps is not None else default_taps(int(target.config.num_hidden_layers))
     max_rows = min(rows, points[-1])
     samples: dict[int, list[float]] = {b: [] for b in points}
@@ -205,7 +210,7 @@ def profile_step_curve(
         bar.close()
     return StepCurve(
         batch_tokens=points,
-        steps_per_second=[1.0 / max(statistics.median(samples[b]), 1e-9) for b in points],
+        steps_per_second=[1.0 / max(_STATISTICS[statistic](samples[b]), 1e-9) for b in points],
         model=model_name(target),
         device=target_device(target),
         dtype=target_dtype(target),

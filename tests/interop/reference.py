@@ -22,6 +22,7 @@ EPS = 1e-6
 def layer_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     """Tensor names and shapes of the backbone (fc, norms, layers) for a layout config dict."""
     d, h, kv, hd = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    ff = cfg["intermediate_size"]
     taps = len(cfg.get("target_layer_ids") or cfg["dflash_config"]["target_layer_ids"])
     shapes = {"fc.weight": (d, taps * d), "hidden_norm.weight": (d,), "norm.weight": (d,)}
     for i in range(cfg["num_hidden_layers"]):
@@ -30,8 +31,8 @@ def layer_tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             p + "self_attn.q_proj.weight": (h * hd, d), p + "self_attn.k_proj.weight": (kv * hd, d),
             p + "self_attn.v_proj.weight": (kv * hd, d), p + "self_attn.o_proj.weight": (d, h * hd),
             p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (cfg["intermediate_size"], d), p + "mlp.up_proj.weight": (cfg["intermediate_size"], d),
-            p + "mlp.down_proj.weight": (d, cfg["intermediate_size"]),
+            p + "mlp.gate_proj.weight": (ff, d), p + "mlp.up_proj.weight": (ff, d),
+            p + "mlp.down_proj.weight": (d, ff),
             p + "input_layernorm.weight": (d,), p + "post_attention_layernorm.weight": (d,),
         }
     return shapes
@@ -91,7 +92,8 @@ def deepspec_folder(folder: Path, target, *, taps=(0, 2), block_size=4, layers=2
         "sample_from_anchor": sample_from_anchor, "dtype": "float32", **target_shape_fields(target),
     }
     v, d = target.config.vocab_size, target.config.hidden_size
-    shapes = layer_tensor_shapes(config) | {"markov_head.markov_w1.weight": (v, rank), "markov_head.markov_w2.weight": (v, rank)}
+    shapes = layer_tensor_shapes(config)
+    shapes |= {"markov_head.markov_w1.weight": (v, rank), "markov_head.markov_w2.weight": (v, rank)}
     if confidence:
         shapes |= {"confidence_head.proj.weight": (1, d + rank), "confidence_head.proj.bias": (1,)}
     tensors = random_tensors(shapes, seed)
@@ -127,7 +129,8 @@ def reference_block(w: dict[str, torch.Tensor], cfg: dict, context: torch.Tensor
     for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."
         x = _rms(h, w[p + "input_layernorm.weight"])
-        q = _rope(_rms((x @ w[p + "self_attn.q_proj.weight"].T).view(n_blk, heads, hd), w[p + "self_attn.q_norm.weight"]), blk_pos)
+        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(n_blk, heads, hd)
+        q = _rope(_rms(q, w[p + "self_attn.q_norm.weight"]), blk_pos)
 
         def keys(src, pos, p=p):
             k = (src @ w[p + "self_attn.k_proj.weight"].T).view(src.shape[0], kv, hd)
@@ -141,7 +144,8 @@ def reference_block(w: dict[str, torch.Tensor], cfg: dict, context: torch.Tensor
         att = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n_blk, heads * hd)
         h = h + att @ w[p + "self_attn.o_proj.weight"].T
         y = _rms(h, w[p + "post_attention_layernorm.weight"])
-        h = h + (F.silu(y @ w[p + "mlp.gate_proj.weight"].T) * (y @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        gated = F.silu(y @ w[p + "mlp.gate_proj.weight"].T) * (y @ w[p + "mlp.up_proj.weight"].T)
+        h = h + gated @ w[p + "mlp.down_proj.weight"].T
     return _rms(h, w["norm.weight"])
 
 
@@ -163,3 +167,10 @@ def reference_greedy_drafts(w, cfg, context, anchor, mask_token_id, gamma, first
         prev = int(logits.argmax())
         drafts.append(prev)
     return torch.tensor(drafts), torch.stack(probs), (torch.tensor(conf) if conf else None)
+
+
+def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's raw tensors (float32)."""
+    from safetensors.torch import load_file
+
+    return {k: v.float() for k, v in load_file(folder / "model.safetensors").items()}

@@ -134,20 +134,27 @@ def recording_proposals(drafter: DSparkDrafter) -> Iterator[list[ProposalCall]]:
 def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Tensor, prompt_width: int):
     """Per row: (rounds `[[ℓ, m, c], ...]`, confidence logits per round or None, new-token count).
 
+    m comes from `stats.accepted_drafts` when the loop records it, else from the drafts matching the committed
+    tokens (the same number: a rejected draft is never re-emitted at its position).
+
     stats: the call's `DSparkGenerationStats`; calls: the recorded proposals (one per round); sequences: the
     generate output `[B, prompt_width + T]`. The first new token of every row comes from the prefill.
     """
     if len(calls) != stats.rounds:
         raise RuntimeError(f"recorded {len(calls)} proposals for {stats.rounds} rounds")
+    verified = getattr(stats, "accepted_drafts", None) or [None] * stats.rounds
     out = []
     for row in range(sequences.shape[0]):
         tokens = sequences[row, prompt_width:].tolist()
         position, rounds, logits = 1, [], []
-        for call, lens, committed in zip(calls, stats.verify_lens, stats.accepted_lengths):
+        for call, lens, committed, accepted in zip(calls, stats.verify_lens, stats.accepted_lengths, verified):
             if row not in lens:
                 continue
             verify_len, count, a = lens[row], committed[row], call.rows.index(row)
-            m = leading_matches(call.drafts[a, :verify_len].tolist(), tokens[position : position + count])
+            if accepted is not None:  # the loop's own count
+                m = accepted[row]
+            else:  # older stats: the drafts that match the committed tokens
+                m = leading_matches(call.drafts[a, :verify_len].tolist(), tokens[position : position + count])
             rounds.append([verify_len, m, count])
             if call.confidence_logits is not None:
                 logits.append([round(float(z), 4) for z in call.confidence_logits[a]])
@@ -169,19 +176,24 @@ class WorkFile:
             self.path.unlink()
 
     def _load(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):  # drop a line cut by an interruption before appending again
+            with open(self.path, "r+b") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
         ignored = 0
         with open(self.path, encoding="utf-8") as handle:
             for line in handle:
                 try:
                     record = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by an interruption
+                except json.JSONDecodeError:
+                    logger.warning(f"{self.path}: skipped a malformed line")
                     continue
                 if record.get("fingerprint") != self.fingerprint:
                     ignored += 1
                     continue
                 self.records[self.key(record)] = record
         if ignored:
-            logger.warning(f"{self.path}: ignored {ignored} record(s) made with other settings than {self.fingerprint}")
+            logger.warning(f"{self.path}: ignored {ignored} record(s) of other settings than {self.fingerprint}")
 
     @staticmethod
     def key(record: dict) -> tuple:
@@ -206,8 +218,9 @@ def generation_config_for(target, config: EvalConfig, verify_len: int, pad_token
     sampling = dict(do_sample=False) if config.greedy else dict(
         do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0
     )
-    generation = GenerationConfig(max_new_tokens=config.max_new_tokens, eos_token_id=target.generation_config.eos_token_id,
-                                  pad_token_id=pad_token_id, **sampling)
+    eos = target.generation_config.eos_token_id
+    generation = GenerationConfig(max_new_tokens=config.max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id,
+                                  **sampling)
     generation.dspark_policy = "fixed"
     generation.dspark_verify_len = verify_len
     return generation

@@ -99,9 +99,10 @@ def rollout_config(target, mode: str, run: CalibrationRun) -> GenerationConfig:
     """Generation settings of the rollouts: every position verified, raw confidence logits recorded."""
     defaults = target.generation_config
     pad = defaults.pad_token_id if defaults.pad_token_id is not None else defaults.eos_token_id
-    sampling = dict(do_sample=True, temperature=run.temperature, top_k=0, top_p=1.0) if mode == "sampling" else {}
+    sampling = dict(do_sample=True, temperature=run.temperature, top_k=0, top_p=1.0) if mode == "sampling" else \
+        dict(do_sample=False)
     return GenerationConfig(
-        max_new_tokens=run.max_new_tokens, do_sample=False, eos_token_id=defaults.eos_token_id,
+        max_new_tokens=run.max_new_tokens, eos_token_id=defaults.eos_token_id,
         pad_token_id=pad, bos_token_id=defaults.bos_token_id, dspark_policy="fixed", dspark_verify_len=None,
         dspark_record_confidence=True, **sampling,
     )

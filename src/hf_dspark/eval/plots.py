@@ -29,6 +29,13 @@ def _domains(report: dict) -> list[str]:
     return sorted({v["domain"] for v in report["sets"].values()})
 
 
+def _legend(ax, size: int = 8) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=size)
+    else:
+        ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="gray")
+
+
 def _save(fig, path: Path, title: str) -> str:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -65,7 +72,7 @@ def plot_position_acceptance(report: dict, path: Path) -> str:
             if points:
                 ax.plot(*zip(*points), "o-", label=name, markersize=3)
         ax.set(title=domain, xlabel="draft position k", ylabel="P(k accepted | < k accepted)", ylim=(0, 1.02))
-        ax.legend(fontsize=8)
+        _legend(ax)
     return _save(fig, path, "Position-wise conditional acceptance")
 
 
@@ -80,7 +87,7 @@ def plot_length_sweep(report: dict, path: Path) -> str:
             if points:
                 ax.plot(*zip(*points), "o-", label=name, markersize=3)
         ax.set(title=domain, xlabel="proposal length γ (ℓ = γ)", ylabel="accepted length τ")
-        ax.legend(fontsize=8)
+        _legend(ax)
     skipped = "; ".join(f"{n} skips γ={g}" for n, g in sweep["skipped"].items())
     return _save(fig, path, "Proposal-length sweep" + (f" ({skipped})" if skipped else ""))
 
@@ -96,7 +103,7 @@ def plot_threshold_sweep(report: dict, path: Path) -> str:
             if points:
                 ax.plot(*zip(*points), "o-", label=name, markersize=3)
         ax.set(title=domain, xlabel="verified draft tokens per round", ylabel="acceptance rate", ylim=(0, 1.02))
-        ax.legend(fontsize=8)
+        _legend(ax)
     return _save(fig, path, "Static confidence threshold (offline replay)")
 
 
@@ -115,7 +122,7 @@ def plot_calibration(report: dict, path: Path) -> str:
     ece_ax.set(xlabel="draft position k", ylabel="ECE of survival")
     auc_ax.set(xlabel="draft position k", ylabel="ROC-AUC", ylim=(0, 1.02))
     for ax in (ece_ax, auc_ax):
-        ax.legend(fontsize=7)
+        _legend(ax, 7)
     return _save(fig, path, "Confidence calibration per position")
 
 

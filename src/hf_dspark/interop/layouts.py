@@ -9,13 +9,10 @@ draft attention).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from transformers.utils import logging
-
-from ..configuration_dspark import _SCALED_EMBEDDING_FAMILIES
 
 logger = logging.get_logger(__name__)
 
@@ -84,7 +81,7 @@ def shape_fields(raw: dict[str, Any], config_file: Path, use_qk_norm: bool) -> d
         "vocab_size": int(raw["vocab_size"]),
         "num_hidden_layers": int(raw["num_hidden_layers"]),
         "num_target_layers": int(raw["num_target_layers"]),
-        "embedding_multiplier": math.sqrt(hidden) if model_type in _SCALED_EMBEDDING_FAMILIES else 1.0,
+        "embedding_multiplier": 1.0,  # the bound target's embedding module applies any family scale itself
         "target_model_type": model_type,
     }
 

@@ -63,10 +63,14 @@ def tensor_shapes(folder: str | Path) -> dict[str, tuple[tuple[int, ...], Path]]
 
 
 def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
-    """All tensors of the folder (CPU), from its safetensors files."""
+    """All tensors of the folder (CPU), from its safetensors files, each in its own freshly allocated storage.
+
+    The copy matters: tensors viewed at arbitrary offsets of the file buffer can take different (unaligned) kernel
+    paths and differ from the saved model in the last bit.
+    """
     tensors: dict[str, torch.Tensor] = {}
     for file in weight_files(folder):
-        tensors.update(load_file(file, device="cpu"))
+        tensors.update({name: t.clone() for name, t in load_file(file, device="cpu").items()})
     return tensors
 
 

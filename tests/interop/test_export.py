@@ -1,0 +1,165 @@
+"""Export to the DeepSpec / serving-engine layout: files, fields, sidecars, warnings, CLI, and export -> load
+round trips that propose identically."""
+
+import json
+import logging
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.cli import main as cli_main
+from hf_dspark.interop import detect_layout, engine_warnings, export_deepspec
+from hf_dspark.scheduler import StepCurve
+from tests.helpers import make_drafter, make_target, tapped_features
+from tests.interop.reference import dflash_folder
+
+
+@pytest.fixture(scope="module")
+def llama_target():
+    return make_target("llama")
+
+
+def _proposals(drafter, target, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = [9, 4, 6]
+    ids = torch.randint(3, 90, (3, 9), generator=gen)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for r, n in enumerate(lengths):
+        mask[r, 9 - n :] = 1
+    feats = tapped_features(target, ids, drafter.config.target_layer_ids, attention_mask=mask)
+    cache = drafter.init_cache(3)
+    drafter.extend_context(cache, feats[:, :-1], mask[:, :-1].bool())
+    greedy = drafter.propose(ids[:, -1], cache, return_probs=True)
+    sampled = drafter.propose(ids[:, -1], cache, do_sample=True, generator=torch.Generator().manual_seed(seed))
+    return greedy, sampled
+
+
+def _assert_same(a, b):
+    assert torch.equal(a.draft_ids, b.draft_ids)
+    torch.testing.assert_close(a.draft_token_probs, b.draft_token_probs, rtol=0, atol=0)
+    if a.draft_probs is not None:
+        torch.testing.assert_close(a.draft_probs, b.draft_probs, rtol=0, atol=0)
+    assert (a.confidence is None) == (b.confidence is None)
+    if a.confidence is not None:
+        torch.testing.assert_close(a.confidence, b.confidence, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(head_type="markov", mask_token_id=95),
+        dict(head_type="rnn", mask_token_id=95, confidence_with_markov=False),
+        dict(head_type="none", mask_token_id=95, use_confidence_head=False),
+        dict(head_type="markov", mask_token_id=None),
+    ],
+    ids=["markov", "rnn", "none", "learned-mask"],
+)
+def test_export_then_load_proposes_identically(tmp_path, llama_target, overrides):
+    drafter = make_drafter(llama_target, calibration_temperatures=[1.0, 2.0, 3.0, 4.0],
+                           calibration_temperatures_greedy=[0.5] * 4, **overrides)
+    out = export_deepspec(drafter, tmp_path / "engine")
+    assert detect_layout(out) == "deepspec"
+    loaded = DSparkDrafter.from_pretrained(out, target=llama_target)
+    assert loaded.config.head_type == drafter.config.head_type
+    assert loaded.config.calibration_temperatures == [1.0, 2.0, 3.0, 4.0]
+    assert loaded.config.calibration_temperatures_greedy == [0.5] * 4
+    for original, reloaded in zip(_proposals(drafter, llama_target), _proposals(loaded, llama_target)):
+        _assert_same(original, reloaded)
+
+
+def test_exported_files_and_fields(tmp_path, llama_target):
+    drafter = make_drafter(llama_target, mask_token_id=95, calibration_temperatures=[1.0, 1.5, 2.0, 2.5])
+    curve = StepCurve([1, 8, 64], [50.0, 45.0, 12.0], model="tiny", device="cpu")
+    out = export_deepspec(drafter, tmp_path / "engine", step_curve=curve)
+    assert {p.name for p in out.iterdir()} == {
+        "config.json", "model.safetensors", "calibration.json", "step_curve.json", "README.md"
+    }
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["architectures"] == ["LlamaDSparkModel"] and raw["model_type"] == "llama"
+    assert raw["sample_from_anchor"] is True and raw["block_size"] == 4
+    assert raw["target_layer_ids"] == [0, 2] and raw["num_target_layers"] == 5 and raw["mask_token_id"] == 95
+    assert raw["markov_rank"] == 8 and raw["markov_head_type"] == "vanilla"
+    assert raw["enable_confidence_head"] is True and raw["confidence_head_with_markov"] is True
+    assert raw["hidden_size"] == 64 and raw["vocab_size"] == 96 and raw["num_hidden_layers"] == 2
+    with safe_open(out / "model.safetensors", "pt") as handle:
+        names = set(handle.keys())
+        embed, lm_head = handle.get_tensor("embed_tokens.weight"), handle.get_tensor("lm_head.weight")
+    assert not any(n.startswith("model.") for n in names)
+    assert {"fc.weight", "markov_head.markov_w1.weight", "confidence_head.proj.bias"} <= names
+    assert torch.equal(embed, llama_target.get_input_embeddings().weight)
+    assert torch.equal(lm_head, llama_target.get_output_embeddings().weight)
+    calibration = json.loads((out / "calibration.json").read_text())
+    assert calibration["sampling"] == [1.0, 1.5, 2.0, 2.5] and calibration["greedy"] == [1.0, 1.5, 2.0, 2.5]
+    assert StepCurve.from_dict(json.loads((out / "step_curve.json").read_text())).batch_tokens == [1, 8, 64]
+    readme = (out / "README.md").read_text()
+    for needle in ('"method": "dspark"', '"num_speculative_tokens": 4', "--speculative-algorithm DSPARK",
+                   "--speculative-dspark-block-size 4", "DSparkDecodingConfig(max_draft_len=4"):
+        assert needle in readme
+
+
+def test_step_curve_beside_the_drafter_folder_is_shipped(tmp_path, llama_target):
+    drafter = make_drafter(llama_target, mask_token_id=95)
+    drafter.save_pretrained(tmp_path / "native")
+    StepCurve([1, 4], [10.0, 9.0]).save(tmp_path / "native" / "step_curve.json")
+    loaded = DSparkDrafter.from_pretrained(tmp_path / "native", target=llama_target)
+    out = export_deepspec(loaded, tmp_path / "engine")
+    assert (out / "step_curve.json").is_file()
+    assert not (export_deepspec(drafter, tmp_path / "engine2") / "step_curve.json").exists()
+
+
+def test_unservable_settings_warn_in_log_and_readme(tmp_path, llama_target, caplog):
+    drafter = make_drafter(llama_target, head_type="rnn", mask_token_id=None)
+    with caplog.at_level(logging.WARNING):
+        out = export_deepspec(drafter, tmp_path / "engine")
+    readme = (out / "README.md").read_text()
+    assert "RNN sequential head is not supported" in caplog.text and "RNN sequential head is not supported" in readme
+    assert "learned its own mask embedding" in caplog.text and "learned its own mask embedding" in readme
+    assert "no LlamaDSparkModel in the model registry" in readme
+    assert readme.count("WARNING") == len(engine_warnings(drafter.config)) == 3
+
+
+def test_a_qwen3_markov_drafter_exports_without_warnings(tmp_path, caplog):
+    target = make_target("qwen3")
+    drafter = make_drafter(target, mask_token_id=95)
+    with caplog.at_level(logging.WARNING):
+        out = export_deepspec(drafter, tmp_path / "engine")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3DSparkModel"]
+    assert engine_warnings(drafter.config) == [] and "WARNING" not in (out / "README.md").read_text()
+
+
+def test_dflash_origin_drafter_exports_its_own_convention(tmp_path, caplog):
+    target = make_target("qwen3")
+    drafter = DSparkDrafter.from_pretrained(dflash_folder(tmp_path / "dflash", target, block_size=5), target=target)
+    out = export_deepspec(drafter, tmp_path / "engine")
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["sample_from_anchor"] is False and raw["block_size"] == 5 and raw["markov_rank"] == 0
+    assert "markov_head_type" not in raw
+    assert "DFlash convention" in (out / "README.md").read_text()
+    loaded = DSparkDrafter.from_pretrained(out, target=target)
+    assert (loaded.config.block_size, loaded.config.sample_from_anchor) == (4, False)
+    for original, reloaded in zip(_proposals(drafter, target), _proposals(loaded, target)):
+        _assert_same(original, reloaded)
+
+
+def test_export_needs_a_bound_drafter_and_an_empty_or_exported_folder(tmp_path, llama_target):
+    drafter = make_drafter(llama_target)
+    unbound = DSparkDrafter(drafter.config)
+    with pytest.raises(RuntimeError, match="bind_target"):
+        export_deepspec(unbound, tmp_path / "a")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match="busy"):
+        export_deepspec(drafter, tmp_path / "busy")
+
+
+def test_cli_export_with_a_target_folder(tmp_path, llama_target, capsys):
+    llama_target.save_pretrained(tmp_path / "target")
+    make_drafter(llama_target, mask_token_id=95).save_pretrained(tmp_path / "drafter")
+    code = cli_main(["export", "--format", "deepspec", "--drafter", str(tmp_path / "drafter"),
+                     "--target", str(tmp_path / "target"), str(tmp_path / "out")])
+    assert code == 0 and "LlamaDSparkModel" in capsys.readouterr().out
+    raw = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert raw["sample_from_anchor"] is True
+    assert str(tmp_path / "target") in (tmp_path / "out" / "README.md").read_text()

@@ -1,0 +1,82 @@
+"""`hf-dspark calibrate`: held-out rollouts -> STS temperatures in the drafter config, sidecar and PNGs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.calibration import CalibrationReport
+from hf_dspark.cli import main
+from hf_dspark.eval.calibrate import CalibrationRun, left_pad, set_temperatures
+from tests.helpers import char_tokenizer, make_drafter, make_target
+
+GAMMA = 3
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    target = make_target("llama", seed=3)
+    target.save_pretrained(tmp_path / "target")
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    make_drafter(target, block_size=GAMMA).save_pretrained(tmp_path / "drafter")
+    prompts = tmp_path / "heldout.jsonl"
+    lines = [{"turns": [text]} for text in ("abc=def", "x+y*z", "hello!", "0123456789", "q")]
+    prompts.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return tmp_path
+
+
+def _args(root, *extra):
+    return ["calibrate", "--target", str(root / "target"), "--drafter", str(root / "drafter"), "--prompts",
+            str(root / "heldout.jsonl"), "--limit", "4", "--max-new-tokens", "14", "--batch-size", "2",
+            "--threads", "1", *extra]
+
+
+def test_calibrate_both_modes_writes_config_sidecar_and_plots(setup):
+    out = setup / "calibrated"
+    assert main(_args(setup, "--mode", "both", "--out", str(out))) == 0
+    sidecar = json.loads((out / "calibration.json").read_text())
+    assert set(sidecar["reports"]) == {"greedy", "sampling"}
+    assert sidecar["settings"]["limit"] == 4
+    reports = {mode: CalibrationReport(**{k: v if v is not None else float("nan") for k, v in report.items()})
+               for mode, report in sidecar["reports"].items()}
+    for mode, report in reports.items():
+        assert report.mode == mode and report.n_samples > 0 and len(report.temperatures) == GAMMA
+        assert all(a <= b + 1e-12 for a, b in zip(report.ece_after[:1], report.ece_before[:1]))
+        assert (out / f"reliability_{mode}.png").stat().st_size > 0
+    target = make_target("llama", seed=3)
+    drafter = DSparkDrafter.from_pretrained(out, target=target)
+    assert drafter.config.calibration_temperatures == pytest.approx(reports["sampling"].temperatures)
+    assert drafter.config.calibration_temperatures_greedy == pytest.approx(reports["greedy"].temperatures)
+
+
+def test_calibrate_in_place_rewrites_config_only(setup):
+    weights = next((setup / "drafter").glob("*.safetensors"))
+    before = weights.read_bytes()
+    assert main(_args(setup, "--mode", "greedy")) == 0
+    assert weights.read_bytes() == before
+    config = json.loads((setup / "drafter" / "config.json").read_text())
+    sidecar = json.loads((setup / "drafter" / "calibration.json").read_text())
+    assert config["calibration_temperatures_greedy"] == pytest.approx(sidecar["reports"]["greedy"]["temperatures"])
+    assert config["calibration_temperatures"] == [1.0] * GAMMA  # sampling untouched
+    assert (setup / "drafter" / "reliability_greedy.png").is_file()
+    assert not (setup / "drafter" / "reliability_sampling.png").exists()
+
+
+def test_calibration_run_validates(tmp_path):
+    with pytest.raises(ValueError, match="prompt file"):
+        CalibrationRun(prompt_files=[], out=str(tmp_path))
+    with pytest.raises(ValueError, match="modes"):
+        CalibrationRun(prompt_files=["x.jsonl"], modes="beam", out=str(tmp_path))
+
+
+def test_helpers():
+    ids, mask = left_pad([torch.tensor([5, 6, 7]), torch.tensor([9])], pad_id=0)
+    assert ids.tolist() == [[5, 6, 7], [0, 0, 9]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    config = make_drafter(make_target("llama"), block_size=GAMMA).config
+    set_temperatures(config, "greedy", [2.0, 1.0, 0.5])
+    set_temperatures(config, "sampling", [1.5, 1.5, 1.5])
+    assert config.temperatures_for(True) == [2.0, 1.0, 0.5]
+    assert config.temperatures_for(False) == [1.5, 1.5, 1.5]
