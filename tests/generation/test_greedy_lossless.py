@@ -41,12 +41,18 @@ def test_greedy_matches_plain_generate(target, batch, drafter_kind):
         assert stats.mean_accepted_length >= 3.0
 
 
-def test_long_generation_keeps_cache_bounded(target):
-    """Random drafts leave holes every round; compaction keeps the target cache near the sequence length."""
+@pytest.mark.parametrize("new_tokens", [300, pytest.param(2048, marks=pytest.mark.slow)])
+def test_long_generation_keeps_cache_bounded(new_tokens):
+    """Random drafts leave γ holes every round; compaction keeps the target cache near the sequence length."""
+    target = make_target("llama", seed=11, eos_token_id=None, max_position_embeddings=4096)
     ids, mask = ragged_prompts(2, seed=3)
-    reference, output, drafter = _both(target, _learned(target), ids, mask, max_new_tokens=300)
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+    reference, output, drafter = _both(target, _learned(target), ids, mask, **kwargs)
     assert torch.equal(reference, output)
-    assert drafter.last_generation_stats.compactions > 0
+    stats = drafter.last_generation_stats
+    assert stats.compactions > 0 and stats.rounds > new_tokens // 2  # nearly every draft rejected
+    # Holes never exceed a quarter of the width (+ the minimum before compacting + one round of slots).
+    assert stats.max_cache_width <= output.shape[1] / 0.75 + 16 + drafter.config.block_size + 1
 
 
 def test_per_row_eos_stops_each_row_and_pads(target):

@@ -148,6 +148,7 @@ class DSparkLoop:
         while self.generator.rows:
             self.step()
         self.stats.compactions = self.target.compactions
+        self.stats.max_cache_width = self.target.max_width
         self.drafter.last_generation_stats = self.stats
         if self.streamer is not None:
             self.streamer.end()

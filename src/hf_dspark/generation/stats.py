@@ -34,6 +34,7 @@ class DSparkGenerationStats:
         draft_tokens_verified / draft_tokens_accepted: totals over all rows and rounds.
         prefill_tokens: tokens processed by the prefill forward.
         compactions: how often the target cache was compacted.
+        max_cache_width: the widest the target KV cache got (slots, holes included).
         draft_seconds / verify_seconds: wall time spent drafting (incl. scheduling) and verifying.
     """
 
@@ -48,6 +49,7 @@ class DSparkGenerationStats:
     draft_tokens_accepted: int = 0
     prefill_tokens: int = 0
     compactions: int = 0
+    max_cache_width: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     accepted_drafts: list[dict[int, int]] = field(default_factory=list)

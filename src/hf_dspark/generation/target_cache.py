@@ -38,6 +38,7 @@ class RaggedTargetCache:
         self.compact_fraction = compact_fraction
         self.compact_min_holes = compact_min_holes
         self.compactions = 0
+        self.max_width = self.width
 
     @property
     def width(self) -> int:
@@ -56,6 +57,7 @@ class RaggedTargetCache:
         self.cache = out.cache
         # Until `commit`, the new slots count as holes.
         self.valid = torch.cat([self.valid, torch.zeros_like(input_valid, dtype=torch.bool)], dim=1)
+        self.max_width = max(self.max_width, self.width)
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1) if tap_indices else None
         return VerifyOutput(out.logits.float(), features)
 
