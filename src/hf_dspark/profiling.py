@@ -141,7 +141,8 @@ def _verification_inputs(target, batch_tokens: int, cache_length: int, max_rows:
     rows, slots = block_layout(batch_tokens, max_rows)
     device = next(target.parameters()).device
     generator = torch.Generator().manual_seed(seed + batch_tokens)
-    ids = torch.randint(20, int(target.config.vocab_size), (rows, slots), generator=generator).to(device)
+    vocab = int(target.config.vocab_size)
+    ids = torch.randint(min(20, vocab - 1), vocab, (rows, slots), generator=generator).to(device)
     valid = (torch.arange(rows * slots, device=device) < batch_tokens).reshape(slots, rows).T
     mask = torch.cat([torch.ones(rows, cache_length, dtype=torch.long, device=device), valid.long()], dim=1)
     positions = cache_length + torch.arange(slots, device=device)[None, :].expand(rows, -1)

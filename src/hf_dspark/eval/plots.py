@@ -29,6 +29,12 @@ def _domains(report: dict) -> list[str]:
     return sorted({v["domain"] for v in report["sets"].values()})
 
 
+def _integer_x(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _legend(ax, size: int = 8) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=size)
@@ -71,7 +77,11 @@ def plot_position_acceptance(report: dict, path: Path) -> str:
             points = [(k + 1, p) for k, p in enumerate(probs) if p is not None]
             if points:
                 ax.plot(*zip(*points), "o-", label=name, markersize=3)
-        ax.set(title=domain, xlabel="draft position k", ylabel="P(k accepted | < k accepted)", ylim=(0, 1.02))
+        longest = max([len(v.get(domain, {}).get("p") or []) for v in report["position_acceptance"].values()],
+                      default=1)
+        ax.set(title=domain, xlabel="draft position k", ylabel="P(k accepted | < k accepted)", ylim=(0, 1.02),
+               xlim=(0.5, longest + 0.5))
+        _integer_x(ax)
         _legend(ax)
     return _save(fig, path, "Position-wise conditional acceptance")
 
@@ -87,6 +97,7 @@ def plot_length_sweep(report: dict, path: Path) -> str:
             if points:
                 ax.plot(*zip(*points), "o-", label=name, markersize=3)
         ax.set(title=domain, xlabel="proposal length γ (ℓ = γ)", ylabel="accepted length τ")
+        _integer_x(ax)
         _legend(ax)
     skipped = "; ".join(f"{n} skips γ={g}" for n, g in sweep["skipped"].items())
     return _save(fig, path, "Proposal-length sweep" + (f" ({skipped})" if skipped else ""))
@@ -110,6 +121,7 @@ def plot_threshold_sweep(report: dict, path: Path) -> str:
 def plot_calibration(report: dict, path: Path) -> str:
     """Per-position ECE (left) and ROC-AUC (right) of the prefix survival, before (dashed) and after STS."""
     fig, (ece_ax, auc_ax) = _figure(2)
+    longest = max([len(c["ece_before"]) for c in report["calibration"].values() if "ece_before" in c], default=1)
     for name, cal in report["calibration"].items():
         if "ece_before" not in cal:
             continue
@@ -122,6 +134,8 @@ def plot_calibration(report: dict, path: Path) -> str:
     ece_ax.set(xlabel="draft position k", ylabel="ECE of survival")
     auc_ax.set(xlabel="draft position k", ylabel="ROC-AUC", ylim=(0, 1.02))
     for ax in (ece_ax, auc_ax):
+        ax.set_xlim(0.5, longest + 0.5)
+        _integer_x(ax)
         _legend(ax, 7)
     return _save(fig, path, "Confidence calibration per position")
 

@@ -110,8 +110,15 @@ def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None) ->
     return report
 
 
+def _method_order(name: str) -> tuple[int, int]:
+    order = {"plain": 0, "prompt_lookup": 1, "dspark": 2}
+    if name in order:
+        return order[name], 0
+    return 3, int(name.rsplit("_g", 1)[1]) if "_g" in name else 0
+
+
 def summarise(rows: list[dict], config: SpeedConfig) -> dict:
-    methods = sorted({r["method"] for r in rows}, key=lambda m: (m != "plain", m))
+    methods = sorted({r["method"] for r in rows}, key=_method_order)
     sets = sorted({r["set"] for r in rows})
     table: dict[str, dict[str, dict[str, float]]] = {}
     for set_name in sets:
