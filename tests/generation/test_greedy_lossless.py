@@ -152,3 +152,17 @@ def test_qwen3_target():
     ids, mask = ragged_prompts(3, seed=1)
     reference, output, _ = _both(target, _learned(target), ids, mask, max_new_tokens=20)
     assert torch.equal(reference, output)
+
+
+@pytest.mark.parametrize("drafter_kind", ["learned", "oracle"])
+def test_candidate_generator_hosted_by_the_stock_batch1_loop(target, drafter_kind):
+    """DSparkCandidateGenerator also runs inside transformers' own `_assisted_decoding` (batch 1)."""
+    from transformers import GenerationConfig
+
+    ids, mask = ragged_prompts(1, seed=12)
+    config = GenerationConfig(max_new_tokens=30, do_sample=False, dspark_stock_loop=True, pad_token_id=0)
+    reference = target.generate(ids, max_new_tokens=30, do_sample=False)
+    drafter = make_drafter(target) if drafter_kind == "learned" else oracle_for(target, 4, reference, mask)
+    output = target.generate(ids, generation_config=config, assistant_model=drafter)
+    assert torch.equal(reference, output)
+    assert not hasattr(drafter, "last_generation_stats")  # the stock loop ran, not the DSpark loop

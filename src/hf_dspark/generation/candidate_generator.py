@@ -37,6 +37,19 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.rows = list(rows)
         self.cache = drafter.init_cache(len(self.rows))
         self.last_proposal: DSparkProposal | None = None
+        self._prefilled = False
+
+    @classmethod
+    def for_stock_loop(cls, drafter: DSparkDrafter, logits_processor, do_sample: bool) -> DSparkCandidateGenerator:
+        """A batch-1 generator that transformers' own `_assisted_decoding` can host.
+
+        It asks that loop for the tapped hidden states of each target forward (`model_kwargs_overrides`) and skips
+        drafting on the first iteration, so the prefill forward supplies the prompt's context features.
+        """
+        generator = cls(drafter, RowProcessors(logits_processor, 1), do_sample, [0])
+        generator.requires_model_outputs = True
+        generator.model_kwargs_overrides = {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+        return generator
 
     # -- transformers' interface, batched -------------------------------------------------------------
     def get_candidates(
@@ -48,11 +61,27 @@ class DSparkCandidateGenerator(CandidateGenerator):
         Returns `(input_ids ‖ drafts, log p_draft)` like transformers' generators (`[R, L+γ]`, `[R, γ, V]`); the
         full proposal, with confidences, is in `self.last_proposal`.
         """
+        if self.requires_model_outputs:
+            return self._stock_candidates(input_ids, **kwargs)
         if anchor_ids is None:
             anchor_ids = input_ids[:, -1]
         if histories is None:
             histories = list(input_ids)
         proposal = self.propose(anchor_ids, histories)
+        logits = proposal.draft_probs.clamp_min(1e-30).log() if proposal.draft_probs is not None else None
+        return torch.cat([input_ids, proposal.draft_ids], dim=1), logits
+
+    def _stock_candidates(self, input_ids, model_outputs=None, is_first_iteration=False, n_last_matches=0, **_):
+        """The stock loop's call: feed the last forward's accepted features, then draft after the new token."""
+        if is_first_iteration:
+            return input_ids, None  # let the prefill forward run first
+        taps = self.model_kwargs_overrides["output_hidden_states"]
+        features = torch.cat([model_outputs.hidden_states[i] for i in taps], dim=-1)
+        count = input_ids.shape[1] - 1 if not self._prefilled else int(n_last_matches) + 1
+        self._prefilled = True
+        valid = torch.arange(features.shape[1], device=features.device)[None, :] < count
+        self.drafter.extend_context(self.cache, features, valid)
+        proposal = self.propose(input_ids[:, -1], [input_ids[0]])
         logits = proposal.draft_probs.clamp_min(1e-30).log() if proposal.draft_probs is not None else None
         return torch.cat([input_ids, proposal.draft_ids], dim=1), logits
 

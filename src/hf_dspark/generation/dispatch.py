@@ -8,11 +8,15 @@ DSpark loop when the assistant is a `DSparkDrafter` and transformers' stock loop
 For users who want no patching, `dspark_generate` is a `custom_generate` callable:
 `target.generate(**inputs, custom_generate=dspark_generate, drafter=drafter)` (transformers then drops
 `assistant_model` and `streamer`; pass `dspark_streamer=` instead).
+
+`generation_config.dspark_stock_loop=True` instead runs transformers' own batch-1 `_assisted_decoding` with a
+`DSparkCandidateGenerator` as its candidate generator (fixed ℓ = γ; no scheduler), for comparison.
 """
 
 from __future__ import annotations
 
 from ..modeling_dspark import DSparkDrafter
+from .candidate_generator import DSparkCandidateGenerator
 from .loop import dspark_decoding
 
 _SUBCLASSES: dict[type, type] = {}
@@ -32,7 +36,7 @@ def _dspark_subclass(cls: type) -> type:
     def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
                            synced_gpus=False, streamer=None, inputs_tensor=None, assistant_model=None,
                            assistant_tokenizer=None, tokenizer=None, **model_kwargs):
-        if isinstance(assistant_model, DSparkDrafter):
+        if isinstance(assistant_model, DSparkDrafter) and not getattr(generation_config, "dspark_stock_loop", False):
             return dspark_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
                                    streamer=streamer, assistant_model=assistant_model, **model_kwargs)
         return cls._assisted_decoding(
@@ -40,6 +44,16 @@ def _dspark_subclass(cls: type) -> type:
             streamer=streamer, inputs_tensor=inputs_tensor, assistant_model=assistant_model,
             assistant_tokenizer=assistant_tokenizer, tokenizer=tokenizer, **model_kwargs,
         )
+
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 assistant_model=None, **kwargs):
+        if isinstance(assistant_model, DSparkDrafter):  # only reached with dspark_stock_loop=True
+            if input_ids.shape[0] != 1:
+                raise ValueError("dspark_stock_loop=True runs transformers' batch-1 loop: pass one prompt")
+            return DSparkCandidateGenerator.for_stock_loop(assistant_model, logits_processor,
+                                                           bool(generation_config.do_sample))
+        return cls._get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor,
+                                            model_kwargs, assistant_model=assistant_model, **kwargs)
 
     def generate(self, *args, assistant_model=None, **kwargs):
         if isinstance(assistant_model, DSparkDrafter) and _requested_beams(self, kwargs) > 1:
@@ -49,6 +63,7 @@ def _dspark_subclass(cls: type) -> type:
 
     sub = type(cls.__name__, (cls,), {
         "_assisted_decoding": _assisted_decoding, "generate": generate, "_dspark_base_class": cls,
+        "_get_candidate_generator": _get_candidate_generator,
         "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
     })
     _SUBCLASSES[cls] = sub
