@@ -15,6 +15,7 @@ For users who want no patching, `dspark_generate` is a `custom_generate` callabl
 
 from __future__ import annotations
 
+from ..binding import validate_target_shape
 from ..modeling_dspark import DSparkDrafter
 from .candidate_generator import DSparkCandidateGenerator
 from .loop import dspark_decoding
@@ -56,9 +57,10 @@ def _dspark_subclass(cls: type) -> type:
                                             model_kwargs, assistant_model=assistant_model, **kwargs)
 
     def generate(self, *args, assistant_model=None, **kwargs):
-        if isinstance(assistant_model, DSparkDrafter) and _requested_beams(self, kwargs) > 1:
-            # transformers would silently ignore the assistant and run beam search.
-            raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
+        if isinstance(assistant_model, DSparkDrafter):
+            if _requested_beams(self, kwargs) > 1:  # transformers would silently drop the assistant
+                raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
+            validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
         return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)
 
     sub = type(cls.__name__, (cls,), {

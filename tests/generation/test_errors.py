@@ -1,0 +1,89 @@
+"""What the DSpark loop does not support fails with a message that says what to do."""
+
+import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, T5Config
+
+from hf_dspark import DSparkConfig, DSparkDrafter, disable, enable
+from hf_dspark.generation.dispatch import is_enabled
+from tests.helpers import make_drafter, make_target, ragged_prompts
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_target("llama", seed=3)
+    return target, make_drafter(target)
+
+
+def test_beam_search_is_refused(pair):
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(ValueError, match="beam search"):
+        target.generate(ids, attention_mask=mask, num_beams=2, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_num_return_sequences_is_refused(pair):
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        target.generate(ids, attention_mask=mask, do_sample=True, num_return_sequences=2, assistant_model=drafter,
+                        max_new_tokens=4)
+
+
+def test_output_attentions_is_refused(pair):
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(ValueError, match="output_attentions"):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
+                        return_dict_in_generate=True, output_attentions=True)
+
+
+def test_drafter_bound_to_another_target_is_refused(pair):
+    target, drafter = pair
+    twin = make_target("llama", seed=3)  # same shapes, another instance
+    enable(twin)
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(ValueError, match="bound to a different target"):
+        twin.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_mismatched_vocabulary_is_refused(pair):
+    target, _ = pair
+    other = make_target("llama", vocab_size=80)
+    drafter = DSparkDrafter(DSparkConfig.from_target(other.config, block_size=3, target_layer_ids=[0]))
+    enable(target)
+    ids, mask = ragged_prompts(1, vocab=80)
+    with pytest.raises(ValueError, match="vocab"):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_encoder_decoder_targets_are_refused():
+    config = T5Config(vocab_size=64, d_model=32, d_ff=64, num_layers=4, num_heads=2, d_kv=16,
+                      decoder_start_token_id=0)
+    t5 = AutoModelForSeq2SeqLM.from_config(config)
+    with pytest.raises(ValueError, match="encoder-decoder"):
+        DSparkConfig.from_target(t5.config)
+
+
+def test_unbound_drafter_binds_to_the_generating_target():
+    target = make_target("llama", seed=5)
+    drafter = DSparkDrafter(DSparkConfig.from_target(target.config, block_size=3, target_layer_ids=[0]))
+    enable(target)
+    ids, mask = ragged_prompts(2)
+    reference = target.generate(ids, attention_mask=mask, max_new_tokens=8)
+    assert torch.equal(reference, target.generate(ids, attention_mask=mask, max_new_tokens=8,
+                                                  assistant_model=drafter))
+    assert drafter.bound_to(target)
+
+
+def test_enable_disable_keep_other_assistants_on_the_stock_path(pair):
+    target, _ = pair
+    enable(target)
+    assert is_enabled(target) and type(target).__name__ == "LlamaForCausalLM"
+    ids = torch.randint(3, 96, (1, 6))
+    # prompt lookup still runs transformers' own assisted loop
+    reference = target.generate(ids, max_new_tokens=8)
+    assert torch.equal(reference, target.generate(ids, max_new_tokens=8, prompt_lookup_num_tokens=3))
+    disable(target)
+    assert not is_enabled(target)
+    enable(target)
