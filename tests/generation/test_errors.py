@@ -39,7 +39,7 @@ def test_output_attentions_is_refused(pair):
 
 
 def test_drafter_bound_to_another_target_is_refused(pair):
-    target, drafter = pair
+    _, drafter = pair
     twin = make_target("llama", seed=3)  # same shapes, another instance
     enable(twin)
     ids, mask = ragged_prompts(1)
