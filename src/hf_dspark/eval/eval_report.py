@@ -155,7 +155,7 @@ def _sweep_section(plans, sets, work, skipped, gammas) -> dict:
 
 
 def build_report(config, plans, skipped, sets, work, wall_seconds: float = 0.0, arrays: dict | None = None) -> dict:
-    """The JSON report (see docs/README_eval.md for every field).
+    """The JSON report (README.md, "Offline accepted length", lists every field).
 
     `arrays`, when given, receives per drafter the (survival before STS, after STS, realised survival) tensors of
     the calibration rounds, for the reliability diagrams.

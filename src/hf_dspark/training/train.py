@@ -143,7 +143,7 @@ def _resume_path(args: DSparkTrainingArguments) -> str | bool | None:
 def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTrainer:
     """Load the target and data, build (or load) the drafter, train it, save it to `args.output_dir`.
 
-    Works unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed configs; see training/README_snippet.md).
+    Works unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed configs; see README.md, "Training a drafter").
     Returns the trainer (its `.model` is the trained drafter, `.state.log_history` the logs).
     """
     if config.num_threads:
