@@ -90,6 +90,11 @@ def bench_setting(target, pairs, untrained, args) -> dict:
     return report
 
 
+def _relative(path: str) -> str:
+    resolved = Path(path).resolve()
+    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -115,7 +120,7 @@ def main() -> None:
             print(f"{setting}:")
             results[setting] = bench_setting(target, pairs, untrained, args)
     payload = {"torch_threads": torch.get_num_threads(), "gamma": args.gamma, "max_new_tokens": args.max_new_tokens,
-               "repeats": args.repeats, "prompts": args.prompts, "step_curve": curve.to_dict(),
+               "repeats": args.repeats, "prompts": _relative(args.prompts), "step_curve": curve.to_dict(),
                "machine": platform.processor() or platform.machine(),
                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "results": results}
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -217,7 +217,7 @@ def _add_scheduling_commands(sub) -> None:
     calibrate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
     calibrate.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
     calibrate.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    calibrate.add_argument("--threads", type=int, default=2)
+    calibrate.add_argument("--threads", type=int, default=1)
     calibrate.add_argument("--out", default=None, help="save the calibrated drafter here instead of in place")
     calibrate.set_defaults(func=cmd_calibrate)
 
