@@ -55,9 +55,12 @@ def _algorithm1_loop(survival: torch.Tensor, curve: StepCurve) -> list[int]:
 
 
 def _brute_force_best(survival: torch.Tensor, curve: StepCurve) -> float:
-    rows, gamma = survival.shape
+    """Best Θ over every prefix-closed assignment within the candidate pool (Algorithm 1 step 2: a > 0 only;
+    a zero-survival draft can only raise Θ through a curve that rises with B, which is not a real gain)."""
+    positive = (survival > 0).sum(dim=-1).tolist()
     return max(
-        _theta(survival, torch.tensor(lengths), curve) for lengths in itertools.product(range(gamma + 1), repeat=rows)
+        _theta(survival, torch.tensor(lengths), curve)
+        for lengths in itertools.product(*(range(n + 1) for n in positive))
     )
 
 

@@ -236,8 +236,11 @@ def capacity_from_survival(capacity_survival: torch.Tensor, rows: int, step_curv
     if cap_rows != rows:
         pick = torch.arange(rows, device=capacity_survival.device) * cap_rows // rows
         capacity_survival = capacity_survival[pick]
-    _, theta, _ = _sorted_path(capacity_survival, step_curve)
-    return torch.argmax(theta)
+    _, theta, positive = _sorted_path(capacity_survival, step_curve)
+    # Only the a > 0 candidates form the pool (Algorithm 1, step 2): a zero-survival draft adds nothing to τ, so a
+    # curve that happens to rise past the pool must not stretch K.
+    admissible = torch.arange(theta.numel(), device=theta.device) <= positive
+    return torch.argmax(torch.where(admissible, theta, torch.full_like(theta, -torch.inf)))
 
 
 def schedule_lagged(
