@@ -343,11 +343,22 @@ SCHEDULER_POLICIES: dict[str, SchedulerPolicy] = {
 }
 
 
+def _register_padded() -> None:
+    from .padded_scheduler import schedule_padded_greedy, schedule_padded_lagged
+
+    SCHEDULER_POLICIES["greedy_padded"] = SchedulerPolicy("greedy_padded", schedule_padded_greedy, True)
+    SCHEDULER_POLICIES["lagged_padded"] = SchedulerPolicy(
+        "lagged_padded", schedule_padded_lagged, needs_step_curve=True, uses_capacity_survival=True
+    )
+
+
 def get_policy(name: str | SchedulerPolicy) -> SchedulerPolicy:
     """Look a policy up by name ("greedy", "lagged", "fixed", "threshold"; case-insensitive)."""
     if isinstance(name, SchedulerPolicy):
         return name
     key = str(name).strip().lower()
+    if key.endswith("_padded") and key not in SCHEDULER_POLICIES:
+        _register_padded()
     if key not in SCHEDULER_POLICIES:
         raise ValueError(f"Unknown scheduler policy {name!r}; choose one of {sorted(SCHEDULER_POLICIES)}.")
     return SCHEDULER_POLICIES[key]

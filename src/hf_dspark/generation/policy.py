@@ -3,7 +3,9 @@
 Selected through `GenerationConfig` attributes (they survive transformers' kwarg validation):
 
 - `dspark_policy`: `"fixed"` (default), `"greedy"` (Algorithm 1), `"lagged"` (lagged-capacity top-K) or
-  `"threshold"` (static confidence threshold). The load-aware policies need a drafter with a confidence head.
+  `"threshold"` (static confidence threshold), or `"greedy_padded"` / `"lagged_padded"`, the same two rules under
+  the padded batch's real cost R·(1 + max ℓ_r) (one uniform ℓ for all rows; see `hf_dspark.padded_scheduler`).
+  The load-aware policies need a drafter with a confidence head.
 - `dspark_verify_len`: ℓ for `"fixed"` (default γ).
 - `dspark_threshold`: survival threshold for `"threshold"` (default 0.5).
 - `dspark_step_curve`: a `StepCurve` or a path to its JSON, for `"greedy"` and `"lagged"`. When unset, the curve
@@ -30,8 +32,8 @@ from ..modeling_dspark import DSparkProposal
 
 logger = logging.get_logger(__name__)
 
-POLICIES = ("fixed", "greedy", "lagged", "threshold")
-LOAD_AWARE = ("greedy", "lagged")
+POLICIES = ("fixed", "greedy", "lagged", "threshold", "greedy_padded", "lagged_padded")
+LOAD_AWARE = ("greedy", "lagged", "greedy_padded", "lagged_padded")
 
 
 @dataclass
@@ -91,13 +93,17 @@ class VerificationPolicy:
                 f"dspark_policy={self.name!r} needs confidences, but this drafter has no confidence head; "
                 "use dspark_policy='fixed'."
             )
-        from .. import scheduler
+        from .. import padded_scheduler, scheduler
 
         if self.name == "greedy":
             return scheduler.schedule_greedy(survival, self.step_curve)
         if self.name == "threshold":
             return scheduler.schedule_threshold(survival, threshold=self.threshold)
+        if self.name == "greedy_padded":
+            return padded_scheduler.schedule_padded_greedy(survival, self.step_curve)
         previous, self._previous_survival = self._previous_survival, survival
+        if self.name == "lagged_padded":
+            return padded_scheduler.schedule_padded_lagged(survival, self.step_curve, previous)
         return scheduler.schedule_lagged(survival, self.step_curve, previous)
 
     def _expectation(self, survival: torch.Tensor | None, verify_len: torch.Tensor) -> ScheduleRecord:
