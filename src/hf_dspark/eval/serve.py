@@ -30,7 +30,8 @@ POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler")
 class ServeConfig:
     """Args:
     concurrency: client counts C to measure.
-    policies: subset of none | fixed1 (ℓ = 1, MTP-1-like) | fixed (ℓ = γ) | threshold | scheduler (lagged).
+    policies: subset of none | fixed1 (ℓ = 1, MTP-1-like) | fixed (ℓ = γ) | threshold | scheduler (the
+        lagged-capacity rule under the padded batch's cost, `lagged_padded`).
     requests_per_level: finished requests per (policy, C) (at least C).
     max_new_tokens: tokens per request.
     arrival_rate: requests/s for Poisson arrivals instead of closed-loop clients (None = closed loop).
@@ -67,7 +68,8 @@ def make_policy(name: str, block_size: int, step_curve, threshold: float) -> Ver
         return VerificationPolicy("fixed", block_size=block_size)
     if name == "threshold":
         return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
-    return VerificationPolicy("lagged", block_size=block_size, step_curve=step_curve)
+    # The engine pads rows to 1 + max ℓ_r, so the scheduler uses the padded-cost lagged rule (README, Scheduling).
+    return VerificationPolicy("lagged_padded", block_size=block_size, step_curve=step_curve)
 
 
 def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: int, total: int,
