@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from transformers.utils import logging
+
+from .io_utils import write_json_atomic
 
 logger = logging.get_logger(__name__)
 
@@ -165,19 +166,7 @@ class CalibrationReport:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the report as JSON (atomically: temp file + os.replace)."""
-        path = os.fspath(path)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(self.to_dict(), handle, indent=2)
-                handle.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        write_json_atomic(path, self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> CalibrationReport:

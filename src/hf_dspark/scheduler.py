@@ -22,7 +22,6 @@ import itertools
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -30,26 +29,11 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
+from .io_utils import write_json_atomic
+
 logger = logging.get_logger(__name__)
 
 _STEP_CURVE_FORMAT = 1
-
-
-def _write_json_atomic(path: str | os.PathLike, payload: dict[str, Any]) -> None:
-    """Write `payload` as JSON to `path` through a temporary file in the same folder and os.replace."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 @dataclass
@@ -125,7 +109,7 @@ class StepCurve:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the curve as JSON (atomically: temp file + os.replace)."""
-        _write_json_atomic(path, self.to_dict())
+        write_json_atomic(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> StepCurve:

@@ -12,7 +12,6 @@ and after STS. Use prompts the drafter was not trained on and that the speed ben
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 
 from ..calibration import CalibrationReport, cumulative_survival, evaluate_calibration, fit_sts, reliability_diagram
+from ..io_utils import write_json_atomic
 from .prompts import chat_input_ids, load_prompt_set
 
 logger = logging.get_logger(__name__)
@@ -160,9 +160,7 @@ def write_sidecar(path: Path, run: CalibrationRun, reports: dict[str, Calibratio
         "prompt_files": list(run.prompt_files), "limit": run.limit, "skip": run.skip,
         "max_new_tokens": run.max_new_tokens, "temperature": run.temperature, "n_bins": run.n_bins,
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, payload)
 
 
 def run_calibration(run: CalibrationRun, target, tokenizer, drafter) -> dict[str, CalibrationReport]:

@@ -6,7 +6,6 @@ run and an uninterrupted one give the same report. `write_report` writes the JSO
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from transformers.utils import logging
 
 from ..calibration import evaluate_calibration, fit_sts
+from ..io_utils import write_json_atomic
 from .acceptance_metrics import (
     DEFAULT_THRESHOLDS,
     acceptance_rate,
@@ -212,9 +212,7 @@ def write_report(report: dict, out: str | os.PathLike, arrays: dict | None = Non
     path.parent.mkdir(parents=True, exist_ok=True)
     report = _clean(report)
     report["figures"] = write_figures(report, path, arrays or {})
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2, allow_nan=False, ensure_ascii=False))
-    os.replace(tmp, path)
+    write_json_atomic(path, report, allow_nan=False, ensure_ascii=False)
     return report
 
 

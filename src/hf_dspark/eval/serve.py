@@ -9,8 +9,6 @@ throughput vs per-user speed frontier (paper Fig. 7) and the mean budget vs load
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import statistics
 import time
@@ -22,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
+from ..io_utils import write_json_atomic
 
 POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler")
 
@@ -136,10 +135,7 @@ def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor]
 
 
 def _write(report: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, path)
+    write_json_atomic(path, report)
     plot_serve(report, path)
 
 

@@ -6,7 +6,6 @@ of them alike; the report gives median tokens/s per method and the median of per
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -17,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
+from ..io_utils import write_json_atomic
 from .oracle import oracle_for
 from .prompts import chat_input_ids, load_prompt_set
 
@@ -141,10 +141,7 @@ def summarise(rows: list[dict], config: SpeedConfig) -> dict:
 
 def _write(report: dict, out: str) -> None:
     path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, path)
+    write_json_atomic(path, report)
     plot_speed(report, path.with_suffix(".png"))
 
 

@@ -27,6 +27,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
+from ..io_utils import write_json_atomic
+
 logger = logging.get_logger(__name__)
 
 MANIFEST = "manifest.json"
@@ -132,9 +134,7 @@ def read_manifest(cache_dir: str | Path) -> dict[str, Any] | None:
 
 
 def _write_manifest(cache_dir: Path, manifest: dict[str, Any]) -> None:
-    tmp = cache_dir / f".{MANIFEST}.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, cache_dir / MANIFEST)
+    write_json_atomic(cache_dir / MANIFEST, manifest, indent=1)
 
 
 def check_manifest(manifest: dict[str, Any], expected: Mapping[str, Any], cache_dir: Path) -> None:
