@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import time
 from collections.abc import Sequence
@@ -85,6 +86,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     target, tokenizer = load_default_target(dtype=torch.float32)
     prompts = _serve_prompts(tokenizer, args.sets, args.prompts_per_set)
+    random.Random(0).shuffle(prompts)  # mix the domains; request i serves prompts[i % n]
     if args.oracle:
         total = max(args.requests, *args.concurrency)
         references = [target.generate(p[None], do_sample=False, max_new_tokens=args.max_new_tokens,

@@ -107,3 +107,14 @@ def test_serve_benchmark_smoke(setup, tmp_path):
     assert all(r["aggregate_tokens_per_second"] > 0 for r in report["results"])
     assert (tmp_path / "serve_frontier.png").stat().st_size > 0
     assert (tmp_path / "serve_budget.png").stat().st_size > 0
+
+
+def test_serve_benchmark_with_an_oracle_accepts_its_drafts(setup, tmp_path):
+    """Request i serves prompts[i % n]; an oracle keyed by request id therefore proposes the right tokens."""
+    target, prompts, references = setup
+    oracle = oracle_for(target, 4, references[0][None], torch.ones(1, 1))
+    oracle.reference = [references[i % len(references)] for i in range(8)]
+    config = ServeConfig(concurrency=[2], policies=["fixed"], requests_per_level=8, max_new_tokens=NEW, threads=1,
+                         out=str(tmp_path / "serve.json"))
+    report = run_serve_benchmark(config, target, prompts, oracle)
+    assert report["results"][0]["mean_committed_per_round"] > 3.0

@@ -115,10 +115,10 @@ def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: in
 
 def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor], drafter, step_curve=None,
                         drafter_label: str = "drafter") -> dict:
+    """Serve `prompts` (token-id tensors, issued in the given order and cycled; request i gets prompt i % n, which
+    keeps request ids aligned with per-prompt data such as an oracle drafter's references) per policy and load."""
     torch.set_num_threads(config.threads)
     rng = random.Random(config.seed)
-    prompts = list(prompts)
-    rng.shuffle(prompts)
     results = []
     levels = [(p, c) for p in config.policies for c in config.concurrency]
     for policy_name, concurrency in tqdm(levels, desc="serve levels"):
