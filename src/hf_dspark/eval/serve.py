@@ -158,7 +158,7 @@ def plot_serve(report: dict, path: Path) -> None:
                         fontsize=6)
     ax.set_xlabel("per-user tokens/s")
     ax.set_ylabel("aggregate tokens/s")
-    ax.set_title(f"throughput vs per-user speed ({report['drafter']}, labels = C)")
+    ax.set_title(f"throughput vs per-user speed\n{report['drafter']}; point labels = C", fontsize=9)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path.with_name(path.stem + "_frontier.png"), dpi=120)
