@@ -86,7 +86,8 @@ def shape_fields(raw: dict[str, Any], config_file: Path, use_qk_norm: bool) -> d
     }
 
 
-def _load_json(file: Path) -> dict[str, Any]:
+def load_json_object(file: Path) -> dict[str, Any]:
+    """The JSON object in `file`; `ValueError` naming the file when it is not valid JSON or not an object."""
     try:
         payload = json.loads(file.read_text())
     except json.JSONDecodeError as err:
@@ -105,7 +106,7 @@ def read_calibration(folder: Path, block_size: int) -> dict[str, list[float] | N
     file = folder / CALIBRATION_FILE
     if not file.is_file():
         return {}
-    payload = _load_json(file)
+    payload = load_json_object(file)
     reports = payload.get("reports") or {}
     found = {}
     for mode in ("sampling", "greedy"):
@@ -130,6 +131,6 @@ def calibration_payload(config, source_folder: Path | None = None) -> dict[str, 
     }
     source = None if source_folder is None else source_folder / CALIBRATION_FILE
     if source is not None and source.is_file():
-        previous = _load_json(source)
+        previous = load_json_object(source)
         payload.update({k: previous[k] for k in ("reports", "settings") if k in previous})
     return payload

@@ -11,7 +11,6 @@ checked against the bound target and dropped (the drafter always uses the target
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from transformers.utils import logging
 
 from .deepspec import config_from_deepspec, is_deepspec
 from .dflash import UNSUPPORTED_ARCHITECTURES, config_from_dflash, is_dflash
+from .layouts import load_json_object
 from .weights import SHARED_WEIGHTS, check_tensor_names, expected_shapes, read_tensors, tensor_shapes, weight_files
 
 logger = logging.get_logger(__name__)
@@ -34,13 +34,7 @@ def read_config_json(path: str | Path) -> tuple[dict[str, Any], Path]:
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise ValueError(f"{config_file} does not exist: a drafter folder needs a config.json.")
-    try:
-        raw = json.loads(config_file.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{config_file} is not valid JSON ({err}).") from err
-    if not isinstance(raw, dict):
-        raise ValueError(f"{config_file} must hold a JSON object, got {type(raw).__name__}.")
-    return raw, config_file
+    return load_json_object(config_file), config_file
 
 
 def detect_layout(path: str | Path) -> str:
