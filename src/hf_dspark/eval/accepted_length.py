@@ -28,7 +28,7 @@ from transformers.utils import logging
 from ..modeling_dspark import DSparkDrafter
 from .acceptance_metrics import leading_matches
 from .prompt_lookup import prompt_lookup_for
-from .prompts import chat_input_ids, load_prompt_set
+from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
 
 logger = logging.get_logger(__name__)
 
@@ -66,11 +66,7 @@ class EvalConfig:
     resume: bool = True
 
     def __post_init__(self) -> None:
-        if not self.sets:
-            raise ValueError("give at least one prompt set (e.g. data/eval/gsm8k.jsonl)")
-        for path in self.sets:
-            if not Path(path).is_file():
-                raise ValueError(f"prompt set {path} does not exist")
+        check_prompt_files(self.sets)
         if self.temperature < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("temperature must be >= 0, max_new_tokens and batch_size >= 1")
         if (self.block_size is not None and self.block_size < 1) or any(g < 1 for g in self.sweep_gammas):

@@ -8,6 +8,15 @@ from pathlib import Path
 import torch
 
 
+def check_prompt_files(paths: list[str]) -> None:
+    """Raise `ValueError` unless `paths` names at least one existing prompt file."""
+    if not paths:
+        raise ValueError("give at least one prompt file (e.g. data/eval/gsm8k.jsonl)")
+    for path in paths:
+        if not Path(path).is_file():
+            raise ValueError(f"prompt file {path} does not exist")
+
+
 def load_prompt_set(path: str | Path) -> list[dict]:
     """Read a JSONL prompt set; every line must be an object with a non-empty list `turns` of strings."""
     items = []

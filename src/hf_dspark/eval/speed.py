@@ -18,7 +18,7 @@ from transformers.utils import logging
 
 from ..io_utils import write_json_atomic
 from .oracle import oracle_for
-from .prompts import chat_input_ids, load_prompt_set
+from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
 
 logger = logging.get_logger(__name__)
 
@@ -48,11 +48,7 @@ class SpeedConfig:
     out: str = "benchmarks/results/speed.json"
 
     def __post_init__(self) -> None:
-        if not self.prompt_files:
-            raise ValueError("give at least one prompt file (e.g. data/eval/gsm8k.jsonl)")
-        for path in self.prompt_files:
-            if not Path(path).is_file():
-                raise ValueError(f"prompt file {path} does not exist")
+        check_prompt_files(self.prompt_files)
         if self.num_prompts < 1 or self.repeats < 1 or self.max_new_tokens < 1:
             raise ValueError("num_prompts, repeats and max_new_tokens must be >= 1")
 

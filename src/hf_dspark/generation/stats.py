@@ -77,11 +77,15 @@ class DSparkGenerationStats:
         self.draft_tokens_verified += sum(verify_len)
         self.draft_tokens_accepted += sum(accepted_drafts)
 
+    @staticmethod
+    def _mean_over_rows(rounds: list[dict[int, int]]) -> float:
+        values = [v for rnd in rounds for v in rnd.values()]
+        return sum(values) / len(values) if values else 0.0
+
     @property
     def mean_accepted_length(self) -> float:
         """τ: mean tokens committed per row per round, bonus token included."""
-        values = [v for rnd in self.accepted_lengths for v in rnd.values()]
-        return sum(values) / len(values) if values else 0.0
+        return self._mean_over_rows(self.accepted_lengths)
 
     @property
     def acceptance_rate(self) -> float:
@@ -90,8 +94,7 @@ class DSparkGenerationStats:
 
     @property
     def mean_verify_len(self) -> float:
-        values = [v for rnd in self.verify_lens for v in rnd.values()]
-        return sum(values) / len(values) if values else 0.0
+        return self._mean_over_rows(self.verify_lens)
 
     @property
     def mean_batch_tokens(self) -> float:
