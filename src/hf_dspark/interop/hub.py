@@ -124,11 +124,16 @@ def write_model_card(
     repo_id: str | None = None,
     title: str | None = None,
     template: str | Path | None = None,
+    notes: str | None = None,
+    reproduce: str | None = None,
+    usage: str | None = None,
 ) -> Path:
     """Write README.md (a Hub model card) for a drafter folder from the `model_cards/` template.
 
     `training_data`: a description or a list of Hub dataset ids (also listed in the card metadata); `budget`: e.g.
-    "3 GPU-hours on 1×H100, 20k steps"; `tau_table`: {"gsm8k": 3.4} or {"gsm8k": {"greedy": 3.4, "T=1": 3.1}}.
+    "3 GPU-hours on 1×H100, 20k steps"; `tau_table`: {"gsm8k": 3.4} or {"gsm8k": {"greedy": 3.4, "T=1": 3.1}};
+    `notes`: markdown under the τ table (how it was measured); `reproduce`: markdown with the exact commands;
+    `usage`: markdown replacing the default Hub usage snippet.
     """
     out = Path(out_dir)
     path = Path(template) if template is not None else _REPO_TEMPLATES / TEMPLATE_NAME
@@ -150,7 +155,9 @@ def write_model_card(
         training_data=", ".join(datasets) if datasets else "_not recorded_",
         budget=budget or "_not recorded_",
         tau_table=_tau_table(tau_table),
-        usage=_usage(base_model, repo_id),
+        notes=notes or "",
+        usage=usage or _usage(base_model, repo_id),
+        reproduce=reproduce or "_not recorded_",
         license_text=f"`{license}`; the target model's own license also applies to its use.",
     )
     (out / "README.md").write_text(card)

@@ -1,0 +1,43 @@
+"""`hf-dspark bench serve` on tiny random models: every policy × load level is served and reported."""
+
+import json
+
+import pytest
+import torch
+
+from hf_dspark.eval.serve import POLICY_NAMES, ServeConfig, run_serve_benchmark
+from hf_dspark.scheduler import StepCurve
+from tests.helpers import make_drafter, make_target, ragged_prompts
+
+
+def _prompts(count: int = 4) -> list[torch.Tensor]:
+    ids, mask = ragged_prompts(count, seed=4)
+    return [row[m.bool()] for row, m in zip(ids, mask)]
+
+
+def test_serve_benchmark_covers_every_policy_and_level(tmp_path):
+    target = make_target("llama", seed=7)
+    drafter = make_drafter(target, seed=1)
+    curve = StepCurve([1, 8, 64], [10.0, 6.0, 1.5], model="tiny", threads=1)
+    config = ServeConfig(concurrency=[1, 3], requests_per_level=3, max_new_tokens=5, threads=1,
+                         out=str(tmp_path / "serve.json"))
+    report = run_serve_benchmark(config, target, _prompts(), drafter, step_curve=curve, drafter_label="tiny")
+    rows = {(r["policy"], r["concurrency"]): r for r in report["results"]}
+    assert set(rows) == {(p, c) for p in POLICY_NAMES for c in (1, 3)}
+    for row in rows.values():
+        assert 0 < row["tokens"] <= 3 * 5
+        assert row["aggregate_tokens_per_second"] > 0 and row["per_user_tokens_per_second"] > 0
+        assert 0 <= row["mean_verify_len"] <= drafter.config.block_size
+    assert all(rows[("none", c)]["mean_verify_len"] == 0 for c in (1, 3))
+    assert all(rows[("fixed1", c)]["mean_verify_len"] <= 1 for c in (1, 3))
+    assert max(r["mean_running"] for (p, c), r in rows.items() if c == 1) <= 1
+    saved = json.loads((tmp_path / "serve.json").read_text())
+    assert saved["drafter"] == "tiny" and len(saved["results"]) == len(rows)
+    assert (tmp_path / "serve_frontier.png").stat().st_size > 0 and (tmp_path / "serve_budget.png").is_file()
+
+
+def test_unknown_policy_is_refused():
+    with pytest.raises(ValueError, match="unknown policies"):
+        ServeConfig(policies=["fixed", "fastest"])
+    with pytest.raises(ValueError, match=">= 1"):
+        ServeConfig(concurrency=[0])
