@@ -17,6 +17,7 @@ Writes benchmarks/results/markov_rank.json (+ .png).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -81,8 +82,12 @@ def bias_spectrum(path: str) -> dict:
     sigma = torch.linalg.svdvals(r1 @ r2.T)
     energy = (sigma**2).cumsum(0) / (sigma**2).sum()
     ks = [k for k in (4, 8, 16, 32, 48, 64) if k <= sigma.numel()]
+    # W1, W2 start as V×r Gaussians of std s, whose product has singular values ≈ V·s²: the level of untrained noise
+    init_sigma = drafter.config.vocab_size * drafter.config.initializer_range**2
     return {"rank": int(sigma.numel()), "singular_values": [round(float(s), 4) for s in sigma],
-            "energy_top_k": {str(k): round(float(energy[k - 1]), 4) for k in ks}}
+            "energy_top_k": {str(k): round(float(energy[k - 1]), 4) for k in ks},
+            "init_noise_singular_value": round(init_sigma, 2),
+            "directions_above_twice_init_noise": int((sigma > 2 * init_sigma).sum())}
 
 
 def plot(result: dict, out: Path) -> None:
@@ -117,11 +122,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/markov_rank.json"))
+    parser.add_argument("--spectrum-only", action="store_true", help="keep the cost table of an existing --out")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    target, _ = load_default_target(dtype=torch.float32)
-    result = {"threads": 1, "context": args.context, "gamma": 7, "cost": cost_table(target, args.batches,
-                                                                                     args.repeats, args.context)}
+    if args.spectrum_only:
+        result = json.loads(Path(args.out).read_text())
+    else:
+        target, _ = load_default_target(dtype=torch.float32)
+        result = {"threads": 1, "context": args.context, "gamma": 7,
+                  "cost": cost_table(target, args.batches, args.repeats, args.context)}
     if args.trained:
         result["trained_bias"] = bias_spectrum(args.trained)
     write_json_atomic(Path(args.out), result)
@@ -129,7 +138,9 @@ def main() -> None:
     for name, row in result["cost"].items():
         print(f"r={name:>4}: " + ", ".join(f"{k}={v}" for k, v in row.items()))
     if args.trained:
-        print("trained bias energy in top-k directions:", result["trained_bias"]["energy_top_k"])
+        bias = result["trained_bias"]
+        print("trained bias energy in top-k directions:", bias["energy_top_k"], "; directions above 2× the init "
+              f"noise level ({bias['init_noise_singular_value']}): {bias['directions_above_twice_init_noise']}")
 
 
 if __name__ == "__main__":

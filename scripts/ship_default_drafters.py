@@ -29,6 +29,10 @@ from hf_dspark.modeling_dspark import DSparkDrafter
 
 TRAIN_DATA = "data/train_regenerated/smollm2_135m_instruct.jsonl"
 HEAD_FLAGS = {"dspark": "--head_type markov", "dflash": "--head_type none --confidence_with_markov false"}
+# held-out loss/τ during training (no effect on the weights: anchors are seeded per example); the baseline ran
+# without it after its first 100 steps to fit the session's time budget
+EVAL_FLAGS = {"dspark": "--eval_strategy steps --eval_steps 250 --per_device_eval_batch_size 4",
+              "dflash": "--eval_strategy no"}
 TITLES = {"dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
           "dflash": "DFlash-style baseline drafter for SmolLM2-135M-Instruct (hf-dspark)"}
 
@@ -44,7 +48,7 @@ OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --o
   --resume_from_checkpoint auto --num_hidden_layers 2 --block_size 7 --markov_rank 64 --mask_token_id 16 \\
   {HEAD_FLAGS[variant]} --max_steps 1500 --per_device_train_batch_size 4 --anchors_per_sequence 16 \\
   --learning_rate 6e-4 --lr_scheduler_type cosine --warmup_steps 50 --weight_decay 0.0 --validation_fraction 0.05 \\
-  --eval_strategy steps --eval_steps 250 --per_device_eval_batch_size 4 --save_strategy steps --save_steps 100 \\
+  {EVAL_FLAGS[variant]} --save_strategy steps --save_steps 100 \\
   --save_total_limit 3 --logging_steps 10 --seed 0 --num_threads 1 --use_cpu --report_to none
 # bf16 export, calibration on held-out training prompts, card
 python scripts/ship_default_drafters.py export --variant {variant} --checkpoint {out}/checkpoint-{steps}

@@ -75,3 +75,27 @@ def test_real_target_sampling_first_tokens_match_plain(smollm2):
     for position in range(3):
         floor = tv(plain_a, plain_b, position)
         assert tv(plain_a, dspark, position) < max(3 * floor, 0.08), position
+
+
+@pytest.mark.parametrize("variant, head", [("dspark", "markov"), ("dflash", "none")])
+def test_shipped_drafters_are_bf16_calibrated_and_lossless(smollm2, variant, head):
+    from safetensors import safe_open
+
+    folder = defaults.default_drafter_dir(variant)
+    with safe_open(folder / "model.safetensors", "pt") as weights:
+        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"BF16"}  # noqa: SIM118
+    assert "## Reproduce" in (folder / "README.md").read_text()
+    model, tokenizer = smollm2
+    drafter = defaults.load_default_drafter(model, variant=variant)
+    config = drafter.config
+    assert config.head_type == head and config.block_size == 7 and config.num_hidden_layers == 2
+    assert len(config.calibration_temperatures) == len(config.calibration_temperatures_greedy) == 7
+    ids = chat_input_ids(tokenizer, ["What is 12 + 30? Answer briefly."])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=24)
+    assert torch.equal(model.generate(ids, assistant_model=drafter, do_sample=False, max_new_tokens=24), plain)
+    assert drafter.last_generation_stats.mean_accepted_length > 1.0  # a trained drafter gets drafts accepted
+
+
+def test_unknown_default_variant_is_refused():
+    with pytest.raises(ValueError, match="dflash"):
+        defaults.default_drafter_dir("eagle")
