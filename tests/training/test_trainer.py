@@ -72,6 +72,21 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, tiny_target)
         torch.testing.assert_close(resumed.state_dict()[name], value, atol=1e-6, rtol=1e-5)
 
 
+def test_stop_after_steps_keeps_the_schedule_and_saves(tmp_path, tiny_target):
+    dataset = build_dataset(tokenized_records(16))
+    args = _args(tmp_path, max_steps=10, stop_after_steps=3, save_strategy="steps", save_steps=100,
+                 per_device_train_batch_size=2, lr_scheduler_type="linear", warmup_steps=0)
+    trainer = DSparkTrainer(model=make_tiny_drafter(tiny_target), args=args, target=tiny_target,
+                            train_dataset=dataset)
+    trainer.train()
+    assert trainer.state.global_step == 3 and trainer.state.max_steps == 10
+    assert (tmp_path / "checkpoint-3" / "model.safetensors").is_file()
+    lrs = [entry["learning_rate"] for entry in trainer.state.log_history if "learning_rate" in entry]
+    assert lrs[-1] == pytest.approx(3e-3 * (10 - 2) / 10)  # the 10-step linear schedule, not a 3-step one
+    with pytest.raises(ValueError, match="stop_after_steps"):
+        _args(tmp_path, stop_after_steps=0)
+
+
 def test_train_entry_online_and_offline(tmp_path, tiny_target_dir):
     data = write_jsonl(tmp_path / "data.jsonl", tokenized_records(10))
     config = DSparkTrainConfig(data=[str(data)], target=str(tiny_target_dir), block_size=4, target_layer_ids=[0, 1],

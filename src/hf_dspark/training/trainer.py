@@ -38,6 +38,8 @@ class DSparkTrainingArguments(TrainingArguments):
         feature_mode: `"online"` (the target runs in-process, default) or `"offline"` (safetensors cache).
         feature_cache_dir: folder of the offline cache (required with `feature_mode="offline"`).
         remove_unused_columns: defaults to False here: the batch keys are not the drafter's forward arguments.
+        stop_after_steps: end training (with a checkpoint) after this many optimizer steps while the learning-rate
+            schedule keeps following `max_steps`: a budget cut that stays comparable across runs and resumes.
     """
 
     alpha_ce: float = field(default=0.1, metadata={"help": "α_ce, weight of the cross-entropy loss (Eq. 11)."})
@@ -47,6 +49,9 @@ class DSparkTrainingArguments(TrainingArguments):
     feature_mode: str = field(default="online", metadata={"help": "Target features: 'online' or 'offline'."})
     feature_cache_dir: str | None = field(default=None, metadata={"help": "Offline feature cache folder."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep False for DSpark batches."})
+    stop_after_steps: int | None = field(
+        default=None, metadata={"help": "Stop (and save) after this many steps; the LR schedule follows max_steps."}
+    )
 
     def __post_init__(self) -> None:
         if self.feature_mode not in FEATURE_MODES:
@@ -59,6 +64,8 @@ class DSparkTrainingArguments(TrainingArguments):
             raise ValueError("alpha_ce, alpha_tv and alpha_conf must be >= 0.")
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns=True would drop the DSpark batch keys; leave it False.")
+        if self.stop_after_steps is not None and self.stop_after_steps < 1:
+            raise ValueError(f"stop_after_steps must be >= 1 (or unset), got {self.stop_after_steps}.")
         super().__post_init__()
 
     @property
@@ -84,6 +91,16 @@ class _CollatorEpochCallback(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         if hasattr(self.collator, "epoch"):
             self.collator.epoch = math.floor((state.epoch or 0.0) + 1e-6)
+
+
+class _StopAfterStepsCallback(TrainerCallback):
+    """Ends training with a checkpoint at `args.stop_after_steps` without changing the LR schedule."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if args.stop_after_steps is not None and state.global_step >= args.stop_after_steps:
+            control.should_training_stop = True
+            control.should_save = True
+        return control
 
 
 class DSparkTrainer(Trainer):
@@ -127,6 +144,7 @@ class DSparkTrainer(Trainer):
         )
         super().__init__(model=model, args=args, **kwargs)
         self.add_callback(_CollatorEpochCallback(self.data_collator))
+        self.add_callback(_StopAfterStepsCallback())
         self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
         self._metric_counts = {"train": 0, "eval": 0}
