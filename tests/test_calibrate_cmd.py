@@ -65,6 +65,15 @@ def test_calibrate_in_place_rewrites_config_only(setup):
     assert not (setup / "drafter" / "reliability_sampling.png").exists()
 
 
+def test_calibrate_in_place_keeps_the_stored_dtype(setup):
+    """A bf16 drafter calibrated next to an fp32 target keeps saying bf16 (its weights are not rewritten)."""
+    drafter = DSparkDrafter.from_pretrained(setup / "drafter", dtype=torch.bfloat16)
+    drafter.save_pretrained(setup / "drafter")
+    assert main(_args(setup, "--mode", "greedy")) == 0
+    assert json.loads((setup / "drafter" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert DSparkDrafter.from_pretrained(setup / "drafter").fc.weight.dtype == torch.bfloat16
+
+
 def test_calibration_run_validates(tmp_path):
     with pytest.raises(ValueError, match="prompt file"):
         CalibrationRun(prompt_files=[], out=str(tmp_path))

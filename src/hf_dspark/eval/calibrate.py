@@ -11,6 +11,7 @@ and after STS. Use prompts the drafter was not trained on and that the speed ben
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,7 +179,13 @@ def run_calibration(run: CalibrationRun, target, tokenizer, drafter) -> dict[str
         logger.info(f"{mode}: {logits.shape[0]} rounds, T = {reports[mode].temperatures}")
     same_folder = Path(str(drafter.name_or_path)).resolve() == out.resolve()
     if same_folder and any(out.glob("*.safetensors")):
-        drafter.config.save_pretrained(out)  # weights unchanged: rewrite only config.json in place
+        # weights unchanged: rewrite only config.json in place, keeping the dtype the stored weights have (binding
+        # cast the drafter to the target's dtype, which must not leak into the saved config)
+        config = copy.deepcopy(drafter.config)
+        stored_dtype = json.loads((out / "config.json").read_text(encoding="utf-8")).get("dtype")
+        if isinstance(stored_dtype, str) and hasattr(torch, stored_dtype):
+            config.dtype = getattr(torch, stored_dtype)
+        config.save_pretrained(out)
     else:
         drafter.save_pretrained(out)
     write_sidecar(out / SIDECAR, run, reports)
