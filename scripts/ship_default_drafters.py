@@ -2,13 +2,13 @@
 
     # 1. export a training checkpoint (fp32) to the package's resources folder in bf16
     python scripts/ship_default_drafters.py export --variant dspark \
-        --checkpoint runs/smollm2-135m-instruct-dspark/checkpoint-800
+        --checkpoint runs/smollm2-135m-instruct-dspark/checkpoint-700
     # 2. calibrate in place (writes the STS temperatures into config.json + calibration.json)
     hf-dspark calibrate --drafter src/hf_dspark/resources/drafters/smollm2-135m-instruct-dspark \
-        --prompts data/calibration/heldout_train_prompts.jsonl --mode both
+        --prompts data/calibration/heldout_train_prompts.jsonl --mode both --limit 48
     # 3. after `hf-dspark eval`, write the model card with the measured τ
     python scripts/ship_default_drafters.py card --variant dspark \
-        --checkpoint runs/smollm2-135m-instruct-dspark/checkpoint-800 \
+        --checkpoint runs/smollm2-135m-instruct-dspark/checkpoint-700 \
         --eval benchmarks/results/eval_t0.json benchmarks/results/eval_t1.json --wall-hours 1.8
 
 The card states the data, the training budget (steps, sequences, reply tokens, wall-clock), τ per eval set at each
@@ -46,14 +46,15 @@ def reproduce_block(variant: str, steps: int) -> str:
 # training (1 CPU thread, online target features; stopped after step {steps} of the 1,500-step cosine schedule)
 OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --output_dir {out} \\
   --resume_from_checkpoint auto --num_hidden_layers 2 --block_size 7 --markov_rank 64 --mask_token_id 16 \\
-  {HEAD_FLAGS[variant]} --max_steps 1500 --per_device_train_batch_size 4 --anchors_per_sequence 16 \\
+  {HEAD_FLAGS[variant]} --max_steps 1500 --stop_after_steps {steps} --per_device_train_batch_size 4 \\
+  --anchors_per_sequence 16 \\
   --learning_rate 6e-4 --lr_scheduler_type cosine --warmup_steps 50 --weight_decay 0.0 --validation_fraction 0.05 \\
   {EVAL_FLAGS[variant]} --save_strategy steps --save_steps 100 \\
   --save_total_limit 3 --logging_steps 10 --seed 0 --num_threads 1 --use_cpu --report_to none
 # bf16 export, calibration on held-out training prompts, card
 python scripts/ship_default_drafters.py export --variant {variant} --checkpoint {out}/checkpoint-{steps}
-hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_prompts.jsonl --mode both \\
-  --max-new-tokens 128 --batch-size 8 --threads 1
+hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_prompts.jsonl \\
+  --mode both --limit 48 --max-new-tokens 96 --batch-size 8 --threads 1
 # accepted length (γ = 7, no scheduler), first 40 prompts per set, T = 0 and T = 1
 hf-dspark eval --drafters dspark=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dspark \\
   dflash=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dflash --prompt-lookup --sets {sets} \\
