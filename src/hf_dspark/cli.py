@@ -24,7 +24,7 @@ def _load_drafter(target, path: str | None, block_size: int):
         config = DSparkConfig.from_target(target.config, block_size=block_size, num_hidden_layers=2,
                                           markov_rank=64)
         drafter = DSparkDrafter(config).bind_target(target)
-        return drafter, "an UNTRAINED drafter (no trained default ships yet): expect about 1 token per round"
+        return drafter, "an UNTRAINED drafter (no shipped default in this installation): expect ~1 token per round"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
