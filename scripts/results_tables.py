@@ -18,6 +18,12 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: header cells, then one list of cells per row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def tau_table() -> str:
     reports = {label: _load(f"eval_{label}.json") for label in ("t0", "t1")}
     reports = {label: r for label, r in reports.items() if r is not None}
@@ -26,16 +32,14 @@ def tau_table() -> str:
     first = next(iter(reports.values()))
     sets = list(first["sets"])
     drafters = list(dict.fromkeys(d for r in reports.values() for d in r["table"]))
-    header = "| drafter | T | " + " | ".join(sets) + " | macro |"
-    lines = [header, "|---|---|" + "---|" * (len(sets) + 1)]
+    rows = []
     for drafter in drafters:
         for label, report in reports.items():
             row = report["table"].get(drafter)
-            if row is None:
-                continue
-            cells = [f"{row['sets'][s]['tau']:.2f}" for s in sets] + [f"{row['macro']:.2f}"]
-            lines.append(f"| {drafter} | {label[1:]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            if row is not None:
+                taus = [f"{row['sets'][s]['tau']:.2f}" for s in sets]
+                rows.append([drafter, label[1:], *taus, f"{row['macro']:.2f}"])
+    return _markdown(["drafter", "T", *sets, "macro"], rows)
 
 
 def speed_table() -> str:
@@ -44,16 +48,15 @@ def speed_table() -> str:
         return ""
     sets = list(report["results"])
     methods = list(next(iter(report["results"].values())))
-    lines = ["| method | " + " | ".join(f"{s} tok/s (×plain, τ)" for s in sets) + " |",
-             "|---|" + "---|" * len(sets)]
+    rows = []
     for method in methods:
-        cells = []
+        cells = [method]
         for s in sets:
             row = report["results"][s][method]
             tau = "" if row["mean_accepted_length"] is None else f", τ {row['mean_accepted_length']:.2f}"
             cells.append(f"{row['median_tokens_per_second']:.1f} (×{row['median_ratio_to_plain']:.2f}{tau})")
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return _markdown(["method", *(f"{s} tok/s (×plain, τ)" for s in sets)], rows)
 
 
 def serve_table() -> str:
@@ -63,15 +66,15 @@ def serve_table() -> str:
     policies = list(dict.fromkeys(r["policy"] for r in report["results"]))
     levels = sorted({r["concurrency"] for r in report["results"]})
     rows = {(r["policy"], r["concurrency"]): r for r in report["results"]}
-    lines = ["| policy | " + " | ".join(f"C={c}" for c in levels) + " |", "|---|" + "---|" * len(levels)]
+    table = []
     for policy in policies:
-        cells = []
+        cells = [policy]
         for c in levels:
             r = rows.get((policy, c))
             cells.append("" if r is None else f"{r['aggregate_tokens_per_second']:.1f} / "
                          f"{r['per_user_tokens_per_second']:.1f} / ℓ {r['mean_verify_len']:.1f}")
-        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-    return "aggregate tok/s / per-user tok/s / mean ℓ\n\n" + "\n".join(lines)
+        table.append(cells)
+    return "aggregate tok/s / per-user tok/s / mean ℓ\n\n" + _markdown(["policy", *(f"C={c}" for c in levels)], table)
 
 
 def main() -> None:
