@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .scheduler import StepCurve, _check_survival
+from .step_curve import StepCurve, check_survival
 
 
 def padded_throughput(survival: torch.Tensor, step_curve: StepCurve) -> torch.Tensor:
@@ -31,7 +31,7 @@ def padded_throughput(survival: torch.Tensor, step_curve: StepCurve) -> torch.Te
 
 def schedule_padded_greedy(survival: torch.Tensor, step_curve: StepCurve) -> torch.Tensor:
     """Uniform L with Algorithm 1's causal early stop under the padded cost. `[R, γ]` -> verify_len `[R]`."""
-    survival = _check_survival(survival)
+    survival = check_survival(survival)
     rows, gamma = survival.shape
     if rows * gamma == 0:
         return torch.zeros(rows, dtype=torch.long, device=survival.device)
@@ -50,9 +50,9 @@ def schedule_padded_lagged(
     """
     if capacity_survival is None:
         return schedule_padded_greedy(survival, step_curve)
-    survival = _check_survival(survival)
+    survival = check_survival(survival)
     rows, gamma = survival.shape
-    capacity_survival = _check_survival(capacity_survival.to(survival.device))
+    capacity_survival = check_survival(capacity_survival.to(survival.device))
     if rows * gamma == 0 or capacity_survival.shape[0] == 0:
         return torch.zeros(rows, dtype=torch.long, device=survival.device)
     if capacity_survival.shape[1] != gamma:

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
-from .scheduler import StepCurve
+from .step_curve import StepCurve
 
 logger = logging.get_logger(__name__)
 

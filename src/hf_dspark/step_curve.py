@@ -1,0 +1,151 @@
+"""Cost curves: SPS(B) of the target's verification forward and the drafter's proposals per second at R rows.
+
+`StepCurve` is a piecewise-linear table x -> steps per second (x: batch tokens B for the target's curve, rows R for
+the drafter's). It is its own module so that the schedulers (`scheduler`, `padded_scheduler`) and the profiler
+import it without importing each other. `check_survival` validates a `[R, γ]` prefix-survival tensor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import torch
+from transformers.utils import logging
+
+from .io_utils import write_json_atomic
+
+logger = logging.get_logger(__name__)
+
+_STEP_CURVE_FORMAT = 1
+
+
+@dataclass
+class StepCurve:
+    """SPS(B): profiled target verification forwards per second at `batch_tokens` B (DESIGN.md `step_curve`).
+
+    batch_tokens: strictly ascending positive ints; steps_per_second: positive floats, one per point. Between points
+    SPS is interpolated linearly; below the first point it is clamped to the first value; beyond the last point it is
+    extrapolated conservatively as SPS(B) = SPS(B_max)·B_max / B (constant token throughput, never better).
+    The metadata fields (model, device, dtype, threads, created) are optional and only describe the measurement.
+    """
+
+    batch_tokens: list[int]
+    steps_per_second: list[float]
+    model: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    threads: int | None = None
+    created: str | None = None
+    _tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        tokens, sps = list(self.batch_tokens), list(self.steps_per_second)
+        if not tokens:
+            raise ValueError("StepCurve needs at least one (batch_tokens, steps_per_second) point.")
+        if len(tokens) != len(sps):
+            raise ValueError(
+                f"batch_tokens has {len(tokens)} points but steps_per_second has {len(sps)}; they must match."
+            )
+        if any(int(b) != b or b < 1 for b in tokens):
+            raise ValueError(f"batch_tokens must be positive integers, got {tokens}.")
+        if any(b1 <= b0 for b0, b1 in itertools.pairwise(tokens)):
+            raise ValueError(f"batch_tokens must be strictly ascending, got {tokens}.")
+        if any(not math.isfinite(s) or s <= 0 for s in sps):
+            raise ValueError(f"steps_per_second must be finite and > 0, got {sps}.")
+        self.batch_tokens = [int(b) for b in tokens]
+        self.steps_per_second = [float(s) for s in sps]
+        if self.threads is not None:
+            self.threads = int(self.threads)
+
+    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (device, tuple(self.batch_tokens), tuple(self.steps_per_second))
+        if key not in self._tables:
+            self._tables.clear()
+            self._tables[key] = (
+                torch.tensor(self.batch_tokens, dtype=torch.float64, device=device),
+                torch.tensor(self.steps_per_second, dtype=torch.float64, device=device),
+            )
+        return self._tables[key]
+
+    def steps_per_second_at(self, batch_tokens: int | torch.Tensor) -> float | torch.Tensor:
+        """SPS(B) for an int (returns float) or an integer tensor of any shape (returns float64 tensor)."""
+        if not isinstance(batch_tokens, torch.Tensor):
+            return float(self.steps_per_second_at(torch.tensor([int(batch_tokens)]))[0])
+        xs, ys = self._table(batch_tokens.device)
+        b = batch_tokens.to(torch.float64)
+        if xs.numel() == 1:
+            inside = ys[0].expand_as(b)
+        else:
+            hi = torch.searchsorted(xs, b.contiguous(), right=True).clamp(1, xs.numel() - 1)
+            x0, x1, y0, y1 = xs[hi - 1], xs[hi], ys[hi - 1], ys[hi]
+            weight = ((b - x0) / (x1 - x0)).clamp(0.0, 1.0)
+            inside = torch.lerp(y0, y1, weight)  # exact at the measured points
+        beyond = ys[-1] * xs[-1] / b.clamp_min(1.0)
+        return torch.where(b > xs[-1], beyond, inside)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict: the points, the metadata and a format version."""
+        payload = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        return {"format_version": _STEP_CURVE_FORMAT, **payload}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the curve as JSON (atomically: temp file + os.replace)."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, payload: dict[str, Any]) -> StepCurve:
+        known = {"batch_tokens", "steps_per_second", "model", "device", "dtype", "threads", "created"}
+        unknown = set(payload) - known - {"format_version"}
+        if unknown:
+            logger.warning(f"Ignoring unknown step-curve fields: {sorted(unknown)}")
+        if "batch_tokens" not in payload or "steps_per_second" not in payload:
+            raise ValueError("A step curve needs 'batch_tokens' and 'steps_per_second'.")
+        return cls(**{k: v for k, v in payload.items() if k in known})
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> StepCurve:
+        """Read a curve written by `save`."""
+        with open(path, encoding="utf-8") as handle:
+            return cls.from_dict(json.load(handle))
+
+    def plot(self, path: str | os.PathLike, title: str | None = None) -> None:
+        """Write a PNG of SPS(B) and of the token throughput B·SPS(B) (matplotlib Agg canvas, no pyplot)."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(6.4, 4.0))
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot(1, 1, 1)
+        ax.plot(self.batch_tokens, self.steps_per_second, "o-", color="tab:blue", label="SPS(B)")
+        ax.set_xlabel("batch tokens B")
+        ax.set_ylabel("verification forwards / s", color="tab:blue")
+        ax.set_xscale("log", base=2)
+        twin = ax.twinx()
+        tokens_per_s = [b * s for b, s in zip(self.batch_tokens, self.steps_per_second)]
+        twin.plot(self.batch_tokens, tokens_per_s, "s--", color="tab:orange", label="B·SPS(B)")
+        twin.set_ylabel("batch tokens / s", color="tab:orange")
+        meta = ", ".join(str(v) for v in (self.model, self.device, self.dtype) if v)
+        threads = f", {self.threads} threads" if self.threads else ""
+        ax.set_title(title or f"Step curve{': ' + meta if meta else ''}{threads}", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(os.fspath(path), dpi=120)
+
+
+def check_survival(survival: torch.Tensor) -> torch.Tensor:
+    """Validate `[R, γ]` survival and return it with a running minimum along j (a no-op for a cumprod)."""
+    if survival.dim() != 2:
+        raise ValueError(f"survival must be [R, block_size], got shape {tuple(survival.shape)}.")
+    if not survival.is_floating_point():
+        survival = survival.to(torch.float32)
+    if survival.shape[1] > 1 and bool((survival[:, 1:] > survival[:, :-1] + 1e-6).any()):
+        raise ValueError("survival must be non-increasing along positions (a_{r,j} = prod_{i<=j} c_{r,i}).")
+    if bool(torch.isnan(survival).any()):
+        raise ValueError("survival contains NaN.")
+    return survival.cummin(dim=-1).values if survival.shape[1] > 1 else survival
