@@ -33,7 +33,7 @@ def test_position_weights_match_formula():
 def test_equal_distributions_give_zero_tv_and_full_acceptance():
     logits = _logits(2, 3, 4, 11)
     labels = torch.randint(0, 11, (2, 3, 4))
-    out = dspark_loss(logits, logits.clone(), labels, confidence_logits=torch.zeros(2, 3, 4))
+    out = dspark_loss(logits, logits.softmax(-1), labels, confidence_logits=torch.zeros(2, 3, 4))
     assert out.tv.item() == pytest.approx(0.0, abs=1e-6)
     torch.testing.assert_close(out.acceptance_rate, torch.ones(4))
     assert out.accepted_length.item() == pytest.approx(5.0)  # 1 + γ
@@ -76,11 +76,11 @@ def test_invalid_positions_are_ignored():
     labels = torch.randint(0, 7, (1, 2, 3))
     labels[0, 1, 2] = IGNORE_INDEX
     labels[0, 0, 1:] = IGNORE_INDEX
-    base = dspark_loss(logits, target, labels, confidence_logits=torch.zeros(1, 2, 3))
+    base = dspark_loss(logits, target.softmax(-1), labels, confidence_logits=torch.zeros(1, 2, 3))
     noisy_logits, noisy_target = logits.clone(), target.clone()
     noisy_logits[0, 1, 2] += 100 * torch.randn(7)
     noisy_target[0, 0, 2] -= 50
-    other = dspark_loss(noisy_logits, noisy_target, labels, confidence_logits=torch.zeros(1, 2, 3))
+    other = dspark_loss(noisy_logits, noisy_target.softmax(-1), labels, confidence_logits=torch.zeros(1, 2, 3))
     for name in ("loss", "ce", "tv", "confidence", "confidence_mae", "accepted_length"):
         torch.testing.assert_close(getattr(base, name), getattr(other, name))
     assert base.num_positions == 3
@@ -89,7 +89,7 @@ def test_invalid_positions_are_ignored():
 def test_all_invalid_gives_zero_loss_with_gradient_path():
     logits = _logits(1, 1, 3, 5).requires_grad_()
     labels = torch.full((1, 1, 3), IGNORE_INDEX)
-    out = dspark_loss(logits, logits.detach(), labels, confidence_logits=torch.zeros(1, 1, 3))
+    out = dspark_loss(logits, logits.detach().softmax(-1), labels, confidence_logits=torch.zeros(1, 1, 3))
     assert out.loss.item() == 0.0
     out.loss.backward()
     assert torch.count_nonzero(logits.grad) == 0
@@ -114,7 +114,7 @@ def test_combined_alpha_and_gradients_only_to_draft():
     target = _logits(2, 2, 3, 9, seed=4).requires_grad_()
     conf = torch.zeros(2, 2, 3, requires_grad=True)
     labels = torch.randint(0, 9, (2, 2, 3))
-    out = dspark_loss(logits, target, labels, conf, alpha=(0.1, 0.9, 1.0))
+    out = dspark_loss(logits, target.softmax(-1), labels, conf, alpha=(0.1, 0.9, 1.0))
     expected = combine_losses(out.ce, out.tv, out.confidence, (0.1, 0.9, 1.0))
     torch.testing.assert_close(out.loss, 0.1 * out.ce + 0.9 * out.tv + out.confidence)
     torch.testing.assert_close(out.loss, expected)
@@ -127,3 +127,28 @@ def test_combined_alpha_and_gradients_only_to_draft():
 def test_shape_mismatch_raises():
     with pytest.raises(ValueError, match="shape mismatch"):
         dspark_loss(torch.zeros(1, 2, 3, 5), torch.zeros(1, 2, 3, 6), torch.zeros(1, 2, 3, dtype=torch.long))
+
+
+def test_draft_vocabulary_loss_equals_full_vocabulary_loss_with_zero_outside():
+    """A drafter over a vocabulary subset is a full-vocabulary drafter with p_draft = 0 outside it: TV, acceptance
+    and τ computed from the subset (target mass outside counted as lost) equal the full-vocabulary values."""
+    vocab, subset = 9, torch.tensor([0, 2, 3, 7])
+    draft_logits = _logits(2, 3, 4, subset.numel(), seed=5)
+    p_target_full = _logits(2, 3, 4, vocab, seed=6).softmax(-1)
+    labels_full = torch.randint(0, vocab, (2, 3, 4), generator=torch.Generator().manual_seed(7))
+    full_logits = torch.full((2, 3, 4, vocab), float("-inf"))
+    full_logits[..., subset] = draft_logits
+    index = torch.full((vocab,), -1)
+    index[subset] = torch.arange(subset.numel())
+    labels_draft = index[labels_full].masked_fill(index[labels_full] < 0, IGNORE_INDEX)
+    valid = torch.ones(2, 3, 4, dtype=torch.bool)
+    sub = dspark_loss(draft_logits, p_target_full[..., subset], labels_draft, valid=valid)
+    p_draft_full = full_logits.softmax(-1)
+    tv_full = (p_draft_full - p_target_full).abs().sum(-1)
+    accept_full = torch.minimum(p_draft_full, p_target_full).sum(-1)
+    w = position_weights(4)
+    assert sub.tv.item() == pytest.approx(float((tv_full * w).sum() / (w.sum() * 6)), rel=1e-5)
+    torch.testing.assert_close(sub.acceptance_rate, accept_full.reshape(-1, 4).mean(0), rtol=1e-5, atol=1e-6)
+    # CE only counts labels inside the subset
+    inside = labels_draft.ne(IGNORE_INDEX)
+    assert 0 < int(inside.sum()) < inside.numel()

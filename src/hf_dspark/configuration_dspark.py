@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
@@ -75,6 +76,11 @@ class DSparkConfig(PreTrainedConfig):
             Scale applied to looked-up target embeddings (sqrt(hidden_size) for Gemma families).
         target_model_type (`str`, *optional*):
             `model_type` of the target this drafter was built for.
+        draft_vocab_size (`int`, *optional*):
+            Size of the draft vocabulary (EAGLE-3 style). `None` drafts over the full target vocabulary. When set,
+            the LM-head rows and the Markov head's `W2` are restricted to these tokens (the `d2t` / `t2d` buffers
+            of the drafter map them), while `W1` (the previous-token embedding) stays on the full vocabulary.
+            p_draft is zero outside the draft vocabulary, so verification stays lossless.
     """
 
     model_type = "dspark"
@@ -109,6 +115,7 @@ class DSparkConfig(PreTrainedConfig):
         embedding_multiplier: float = 1.0,
         target_model_type: str | None = None,
         initializer_range: float = 0.02,
+        draft_vocab_size: int | None = None,
         **kwargs: Any,
     ) -> None:
         self.block_size = block_size
@@ -146,6 +153,7 @@ class DSparkConfig(PreTrainedConfig):
         self.embedding_multiplier = float(embedding_multiplier)
         self.target_model_type = target_model_type
         self.initializer_range = initializer_range
+        self.draft_vocab_size = None if draft_vocab_size in (None, vocab_size) else int(draft_vocab_size)
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
         self.validate_dspark()
@@ -158,6 +166,11 @@ class DSparkConfig(PreTrainedConfig):
             raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}.")
         if self.head_type not in HEAD_TYPES:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(
+                f"hidden_act {self.hidden_act!r} is not a transformers activation; use the target's (e.g. 'silu', "
+                "'gelu_pytorch_tanh')."
+            )
         if self.head_type != "none" and (not isinstance(self.markov_rank, int) or self.markov_rank < 1):
             raise ValueError(
                 f"markov_rank must be >= 1 with head_type={self.head_type!r}, got {self.markov_rank!r}; "
@@ -201,6 +214,11 @@ class DSparkConfig(PreTrainedConfig):
                 f"mask_token_id {self.mask_token_id} is outside the vocabulary (0..{self.vocab_size - 1}); "
                 "pick an unused special token or pass None to learn a mask embedding."
             )
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size < self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be between 1 and vocab_size ({self.vocab_size}), got "
+                f"{self.draft_vocab_size}; pass None to draft over the full vocabulary."
+            )
         if self.source_layout not in SOURCE_LAYOUTS:
             raise ValueError(f"source_layout must be one of {SOURCE_LAYOUTS}, got {self.source_layout!r}.")
         if not self.sample_from_anchor and self.source_layout == "native":
@@ -212,6 +230,11 @@ class DSparkConfig(PreTrainedConfig):
     @property
     def num_taps(self) -> int:
         return len(self.target_layer_ids)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Rows of the drafter's LM head and Markov `W2`: `draft_vocab_size`, or the full `vocab_size`."""
+        return self.draft_vocab_size or self.vocab_size
 
     @property
     def num_block_slots(self) -> int:

@@ -12,14 +12,14 @@ from .functional import confidence_logit, markov_transition_bias, rnn_head_step
 class MarkovHead(nn.Module):
     """Eq. (5): a rank-r bigram bias B(x_{k-1}, ·) = W2ᵀ W1[x_{k-1}].
 
-    `markov_w1` `[V, r]` embeds the previous token; `markov_w2` `[V, r]` projects back to logits (stored as in
-    the serving engines' checkpoints). The head is stateless: `step` ignores and returns `state`.
+    `markov_w1` `[V, r]` embeds the previous token; `markov_w2` `[V_draft, r]` projects back to logits over the
+    draft vocabulary (`V_draft = V` without one; stored as in the serving engines' checkpoints). The head is stateless: `step` ignores and returns `state`.
     """
 
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__()
         self.markov_w1 = nn.Embedding(config.vocab_size, config.markov_rank)
-        self.markov_w2 = nn.Linear(config.markov_rank, config.vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(config.markov_rank, config.num_draft_tokens, bias=False)
 
     def embed_previous(self, prev_tokens: torch.Tensor) -> torch.Tensor:
         """W1[x_{k-1}]: `[...]` token ids -> `[..., r]`."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .functional import acceptance_rate, position_weights
+from .functional import position_weights
 
 IGNORE_INDEX = -100
 DEFAULT_ALPHA = (0.1, 0.9, 1.0)
@@ -56,8 +56,13 @@ def nll_loss(
 
 
 def total_variation(p_draft: torch.Tensor, p_target: torch.Tensor) -> torch.Tensor:
-    """Eq. (12) per position: ‖p_draft_k − p_target_k‖₁. `[..., V]` × 2 -> `[...]` in [0, 2]."""
-    return (p_draft - p_target).abs().sum(dim=-1)
+    """Eq. (12) per position: ‖p_draft_k − p_target_k‖₁ over the full vocabulary. `[..., V_d]` × 2 -> `[...]` in [0, 2].
+
+    Both are given over the drafter's vocabulary (`V_d`: the draft vocabulary, or all of V). p_draft is zero
+    outside it, so the target's mass there, 1 − Σ p_target (0 for a full vocabulary), adds to the distance.
+    """
+    outside = (1.0 - p_target.sum(dim=-1)).clamp_min(0.0)
+    return (p_draft - p_target).abs().sum(dim=-1) + outside
 
 
 def tv_loss(
@@ -154,35 +159,41 @@ class DSparkLossOutput:
 
 def dspark_loss(
     draft_logits: torch.Tensor,
-    target_logits: torch.Tensor,
+    p_target: torch.Tensor,
     labels: torch.Tensor,
     confidence_logits: torch.Tensor | None = None,
     alpha: tuple[float, float, float] = DEFAULT_ALPHA,
     weights: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
 ) -> DSparkLossOutput:
-    """Eq. (14) with its parts (Eqs. 11-13) and metrics, from teacher-forced drafter and target logits.
+    """Eq. (14) with its parts (Eqs. 11-13) and metrics, from teacher-forced drafter logits and target probabilities.
 
-    draft_logits: `[..., γ, V]` (U + B with gold previous tokens); target_logits: `[..., γ, V]` the target's logits
-    predicting the same tokens (no gradient); labels: `[..., γ]` gold tokens, `IGNORE_INDEX` where invalid;
-    confidence_logits: `[..., γ]` or `None`; alpha: (α_ce, α_tv, α_conf); weights: `[γ]` (default w_k of Eq. 11).
-    p_draft and p_target are both taken at temperature 1, the label the confidence head is trained on.
+    draft_logits: `[..., γ, V_d]` (U + B with gold previous tokens) over the drafter's vocabulary (`V_d`: its draft
+    vocabulary, or the full V); p_target: `[..., γ, V_d]` the target's probabilities for the same tokens, softmax over
+    the FULL vocabulary restricted to the drafter's (rows sum to ≤ 1; no gradient); labels: `[..., γ]` gold tokens as
+    drafter-vocabulary ids, `IGNORE_INDEX` where invalid or outside the draft vocabulary (Eq. 11 skips them);
+    valid: bool `[..., γ]` positions that count for Eqs. 12-13 and the metrics (default: labels != IGNORE_INDEX; with a
+    draft vocabulary pass the positions whose gold token exists, so positions the drafter cannot get right still
+    count as rejections); confidence_logits: `[..., γ]` or `None`; alpha: (α_ce, α_tv, α_conf); weights: `[γ]`
+    (default w_k of Eq. 11). p_draft and p_target are both at temperature 1, the label the confidence head learns.
     """
     gamma = labels.shape[-1]
-    if draft_logits.shape[:-1] != labels.shape or target_logits.shape != draft_logits.shape:
+    if draft_logits.shape[:-1] != labels.shape or p_target.shape != draft_logits.shape:
         raise ValueError(
-            f"shape mismatch: draft_logits {tuple(draft_logits.shape)}, target_logits {tuple(target_logits.shape)}, "
-            f"labels {tuple(labels.shape)}; expected [..., γ, V], [..., γ, V], [..., γ]."
+            f"shape mismatch: draft_logits {tuple(draft_logits.shape)}, p_target {tuple(p_target.shape)}, "
+            f"labels {tuple(labels.shape)}; expected [..., γ, V_d], [..., γ, V_d], [..., γ]."
         )
     if weights is None:
         weights = position_weights(gamma, device=labels.device)
-    mask = labels.ne(IGNORE_INDEX)
+    ce_mask = labels.ne(IGNORE_INDEX)
+    mask = ce_mask if valid is None else valid.bool()
     log_p_draft = torch.log_softmax(draft_logits.float(), dim=-1)
     p_draft = log_p_draft.exp()
-    p_target = torch.softmax(target_logits.detach().float(), dim=-1)
-    ce = nll_loss(log_p_draft, labels, weights, mask)
+    p_target = p_target.detach().float()
+    ce = nll_loss(log_p_draft, labels, weights, ce_mask & mask)
     tv = tv_loss(p_draft, p_target, mask, weights)
     with torch.no_grad():
-        acceptance = acceptance_rate(p_draft, p_target)
+        acceptance = (1.0 - 0.5 * total_variation(p_draft, p_target)).clamp(0.0, 1.0)  # Eq. (8), Σ min(p_d, p_t)
     conf = mae = None
     if confidence_logits is not None:
         conf = confidence_loss(confidence_logits, acceptance, mask, weights)

@@ -13,6 +13,14 @@ from transformers.utils import ModelOutput, logging
 
 from .cache import DSparkDraftCache
 from .configuration_dspark import DSparkConfig
+from .draft_vocab import (
+    d2t_from_token_ids,
+    normalise_token_ids,
+    scatter_to_target_vocab,
+    t2d_from_token_ids,
+    target_to_draft_index,
+    token_ids_from_d2t,
+)
 from .functional import calibrated_confidence, semi_autoregressive_logits
 from .heads import ConfidenceHead, MarkovHead, build_sequential_head
 from .layers import DSparkDecoderLayer, DSparkRMSNorm, DSparkRope
@@ -90,7 +98,12 @@ class DSparkDrafter(DSparkPreTrainedModel):
         self.markov_head: MarkovHead | None = build_sequential_head(config)
         self.confidence_head = ConfidenceHead(config) if config.use_confidence_head else None
         self.mask_embedding = nn.Parameter(torch.zeros(d)) if config.mask_token_id is None else None
+        if config.draft_vocab_size is not None:  # identity-prefix mapping until restrict_draft_vocab() sets it
+            identity = torch.arange(config.draft_vocab_size)
+            self.register_buffer("d2t", d2t_from_token_ids(identity))
+            self.register_buffer("t2d", t2d_from_token_ids(identity, config.vocab_size))
         self._bound: _BoundTarget | None = None
+        self._draft_head: tuple[tuple, torch.Tensor, torch.Tensor | None] | None = None
         self.post_init()
 
     # ------------------------------------------------------------------ binding
@@ -143,8 +156,61 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return self._require_bound().embed_tokens(input_ids) * self.config.embedding_multiplier
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """U_k: the target's LM head on drafter hidden states (fp32 out)."""
-        return self._require_bound().lm_head(hidden).float()
+        """U_k: the target's LM head on drafter hidden states, over the draft vocabulary when there is one.
+
+        hidden `[..., d]` -> fp32 `[..., V_draft]` (`V_draft = V` without a draft vocabulary).
+        """
+        bound = self._require_bound()
+        if self.config.draft_vocab_size is None:
+            return bound.lm_head(hidden).float()
+        weight, bias = self._draft_head_rows(bound.lm_head)
+        return nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()
+
+    # ------------------------------------------------------------------ draft vocabulary
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """Target ids of the draft vocabulary `[V_draft]` (sorted), or `None` when drafting over the full vocabulary."""
+        return token_ids_from_d2t(self.d2t) if self.config.draft_vocab_size is not None else None
+
+    def _draft_head_rows(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target LM head's rows (and bias) for the draft vocabulary, gathered once and cached (frozen)."""
+        weight = lm_head.weight
+        key = (weight.data_ptr(), weight.dtype, weight.device, self.d2t.data_ptr(), self.d2t._version)
+        if self._draft_head is None or self._draft_head[0] != key:
+            ids = self.draft_token_ids().to(weight.device)
+            bias = getattr(lm_head, "bias", None)
+            rows = weight.detach()[ids].contiguous()
+            self._draft_head = (key, rows, bias.detach()[ids] if bias is not None else None)
+        return self._draft_head[1], self._draft_head[2]
+
+    @torch.no_grad()
+    def restrict_draft_vocab(self, token_ids: torch.Tensor | list[int]) -> DSparkDrafter:
+        """Draft only over `token_ids` (target ids): keeps those rows of the Markov `W2`, sets `d2t` / `t2d` and
+        `config.draft_vocab_size`. Works from the full vocabulary or from a larger draft vocabulary containing them.
+        """
+        ids = normalise_token_ids(token_ids, self.config.vocab_size)
+        current = self.draft_token_ids()
+        if current is None:
+            rows = ids
+        else:
+            rows = target_to_draft_index(self.t2d)[ids.to(self.t2d.device)]
+            if bool((rows < 0).any()):
+                raise ValueError("the new draft vocabulary must be a subset of the drafter's current one.")
+        if self.markov_head is not None:
+            w2 = self.markov_head.markov_w2
+            new = nn.Linear(w2.in_features, ids.numel(), bias=False, device=w2.weight.device, dtype=w2.weight.dtype)
+            new.weight.copy_(w2.weight[rows.to(w2.weight.device)])
+            self.markov_head.markov_w2 = new
+        device = self.fc.weight.device
+        if ids.numel() == self.config.vocab_size:
+            self.config.draft_vocab_size = None
+            for name in ("d2t", "t2d"):
+                self._buffers.pop(name, None)
+        else:
+            self.config.draft_vocab_size = ids.numel()
+            self.register_buffer("d2t", d2t_from_token_ids(ids).to(device))
+            self.register_buffer("t2d", t2d_from_token_ids(ids, self.config.vocab_size).to(device))
+        self._draft_head = None
+        return self
 
     # ------------------------------------------------------------------ context (Eqs. 2-3)
     def project_context(self, target_hidden: torch.Tensor) -> torch.Tensor:
@@ -247,15 +313,22 @@ class DSparkDrafter(DSparkPreTrainedModel):
         rows, gamma = anchor_ids.shape[0], self.config.block_size
         drafts = anchor_ids.new_empty(rows, gamma)
         token_probs = base_logits.new_empty(rows, gamma)
-        all_probs = base_logits.new_empty(rows, gamma, base_logits.shape[-1]) if return_probs else None
+        vocab = self.config.vocab_size
+        all_probs = base_logits.new_empty(rows, gamma, vocab) if return_probs else None
         conf_logits = base_logits.new_empty(rows, gamma) if self.confidence_head is not None else None
         head, state, prev = self.markov_head, None, anchor_ids
+        draft_ids = self.draft_token_ids()
+        # Over a draft vocabulary, greedy drafting without processors stays in draft ids (argmax, then d2t);
+        # everything else sees target-vocabulary logits with −inf outside the subset (p_draft = 0 there).
+        in_draft_ids = draft_ids is not None and logits_processor is None and not do_sample and not return_probs
         for k in range(gamma):
             prev_embedding = head.embed_previous(prev) if head is not None else None
             bias = None
             if head is not None:
                 state, bias = head.step(state, prev_embedding, hidden[:, k])
             logits = semi_autoregressive_logits(base_logits[:, k], bias)
+            if draft_ids is not None and not in_draft_ids:
+                logits = scatter_to_target_vocab(logits, draft_ids, vocab)
             if logits_processor is not None:
                 logits = logits_processor(k, drafts[:, :k], logits)
             probs = torch.softmax(logits.float(), dim=-1)
@@ -263,8 +336,10 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
             else:
                 token = logits.argmax(dim=-1)
-            drafts[:, k] = token
             token_probs[:, k] = probs.gather(-1, token[:, None]).squeeze(-1)
+            if in_draft_ids:
+                token = draft_ids[token]
+            drafts[:, k] = token
             if all_probs is not None:
                 all_probs[:, k] = probs
             if conf_logits is not None:

@@ -44,10 +44,11 @@ def test_collator_packs_and_pads():
     batch = DSparkCollator(block_size=2, anchors_per_sequence=4, pad_token_id=0)(examples)
     assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
-    assert batch["anchor_positions"].tolist() == [[1, 2, 3, -1], [0, 1, -1, -1]]
+    # the block axis is padded to the most anchors in the batch (3), not to anchors_per_sequence (4)
+    assert batch["anchor_positions"].tolist() == [[1, 2, 3], [0, 1, -1]]
     assert batch["labels"].tolist() == [
-        [[7, 8], [8, 9], [9, X], [X, X]],
-        [[2, 3], [3, X], [X, X], [X, X]],
+        [[7, 8], [8, 9], [9, X]],
+        [[2, 3], [3, X], [X, X]],
     ]
     assert batch["target_positions"][0, 1].tolist() == [2, 3]  # a + k: the hidden state predicting label k
     assert batch["sample_index"].tolist() == [3, 7]

@@ -52,8 +52,9 @@ class DSparkCollator:
 
     Args:
         block_size: γ of the drafter being trained.
-        anchors_per_sequence: N, blocks per sequence (drawn without replacement; fewer when the loss region is
-            short, the rest of the N slots are −1).
+        anchors_per_sequence: N, the most blocks per sequence (drawn without replacement). Set it at or above the
+            reply length for dense anchors (every position of the loss region anchors a block). The block axis is
+            padded to the largest count in the batch (at most N); unused slots are −1.
         pad_token_id: id used to pad `input_ids` (never attended: `attention_mask` is 0 there).
         seed: when set, the anchors of an example are a pure function of (seed, `epoch`, its `sample_index`): the
             same on any number of processes or workers and after resuming from a checkpoint. `DSparkTrainer`
@@ -64,7 +65,7 @@ class DSparkCollator:
 
     Each example is a mapping with `input_ids` and `loss_mask` (sequences of ints) and optionally `sample_index`.
     Returns `input_ids` `[S, L]`, `attention_mask` `[S, L]` (long; the drafter's `context_mask`),
-    `anchor_positions` `[S, N]` (−1 unused), `labels` `[S, N, γ]`, `target_positions` `[S, N, γ]` (a+k: where the
+    `anchor_positions` `[S, n]` (n ≤ N, −1 unused), `labels` `[S, n, γ]`, `target_positions` `[S, n, γ]` (a+k: where the
     target's final hidden state predicts label k) and `sample_index` `[S]` when given.
     """
 
@@ -91,8 +92,11 @@ class DSparkCollator:
     def __call__(self, examples: Sequence[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
         if not examples:
             raise ValueError("DSparkCollator got an empty batch.")
-        gamma, n_blocks = self.block_size, self.anchors_per_sequence
+        gamma = self.block_size
         length = max(len(e["input_ids"]) for e in examples)
+        # Dense anchors: pad the block axis to the most anchors any example of this batch has, not to N.
+        most = max(int(anchor_candidates(torch.as_tensor(e["loss_mask"])).numel()) for e in examples)
+        n_blocks = max(1, min(self.anchors_per_sequence, most))
         seqs = len(examples)
         input_ids = torch.full((seqs, length), self.pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros(seqs, length, dtype=torch.long)

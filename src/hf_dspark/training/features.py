@@ -76,6 +76,37 @@ def target_logits_at(final_hidden: torch.Tensor, positions: torch.Tensor, lm_hea
     return lm_head(gathered).float().view(*positions.shape, -1)
 
 
+@torch.no_grad()
+def target_probs_at(
+    final_hidden: torch.Tensor,
+    positions: torch.Tensor,
+    valid: torch.Tensor,
+    lm_head: nn.Module,
+    draft_token_ids: torch.Tensor | None = None,
+    chunk: int = 1024,
+) -> torch.Tensor:
+    """p_target for every labelled block slot: softmax(lm_head(final_hidden[a+k])) over the FULL vocabulary, kept
+    on the drafter's vocabulary (`draft_token_ids`, or all of V), each distinct position computed once.
+
+    With dense anchors the γ slots of overlapping blocks share positions (slot k of the block at a is slot k−1 of
+    the block at a+1), so the LM head runs once per distinct position instead of once per slot.
+    final_hidden: `[S, L, d]`; positions: long `[S, N, γ]` (a+k); valid: bool `[S, N, γ]`. Returns float32
+    `[S, N, γ, V_d]`, zero at invalid slots.
+    """
+    seqs, length, dim = final_hidden.shape
+    flat = torch.arange(seqs, device=positions.device)[:, None, None] * length + positions.clamp(0, length - 1)
+    unique, inverse = torch.unique(flat[valid], return_inverse=True)
+    hidden = final_hidden.reshape(seqs * length, dim)[unique].to(lm_head.weight.dtype)
+    vocab_d = lm_head.weight.shape[0] if draft_token_ids is None else draft_token_ids.numel()
+    probs = torch.empty(unique.numel(), vocab_d, dtype=torch.float32, device=final_hidden.device)
+    for start in range(0, unique.numel(), chunk):
+        p_full = torch.softmax(lm_head(hidden[start : start + chunk]).float(), dim=-1)
+        probs[start : start + chunk] = p_full if draft_token_ids is None else p_full[:, draft_token_ids]
+    out = probs.new_zeros(*positions.shape, vocab_d)
+    out[valid] = probs[inverse]
+    return out
+
+
 def target_fingerprint(target: nn.Module) -> str:
     """sha256 of the target's architecture config and a bf16-rounded sample of its weights (dtype-independent)."""
     config = target.config.to_dict()

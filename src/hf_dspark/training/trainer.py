@@ -19,9 +19,10 @@ from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.utils import logging
 
-from ..losses import DSparkLossOutput, dspark_loss
+from ..draft_vocab import target_to_draft_index
+from ..losses import IGNORE_INDEX, DSparkLossOutput, dspark_loss
 from .collator import DSparkCollator
-from .features import TargetFeatureProvider, target_logits_at
+from .features import TargetFeatureProvider, target_probs_at
 
 logger = logging.get_logger(__name__)
 
@@ -164,10 +165,18 @@ class DSparkTrainer(Trainer):
             anchor_positions=inputs["anchor_positions"],
             context_mask=inputs["attention_mask"].bool(),
         )
-        lm_head = self.target.get_output_embeddings()
-        target_logits = target_logits_at(features.final_hidden, inputs["target_positions"], lm_head)
+        drafter = unwrap_drafter(model)
+        draft_ids = drafter.draft_token_ids()
+        labels = inputs["labels"]
+        valid = labels.ne(IGNORE_INDEX)
+        p_target = target_probs_at(
+            features.final_hidden, inputs["target_positions"], valid, self.target.get_output_embeddings(), draft_ids
+        )
+        if draft_ids is not None:  # gold tokens as draft ids; those outside the draft vocabulary skip Eq. (11) only
+            index = target_to_draft_index(drafter.t2d)[labels.clamp_min(0)]
+            labels = index.masked_fill(~valid | index.lt(0), IGNORE_INDEX)
         parts = dspark_loss(
-            outputs.logits, target_logits, inputs["labels"], outputs.confidence_logits, alpha=self.args.alpha
+            outputs.logits, p_target, labels, outputs.confidence_logits, alpha=self.args.alpha, valid=valid
         )
         self._store_metrics(parts, "train" if model.training else "eval")
         return (parts.loss, outputs) if return_outputs else parts.loss
