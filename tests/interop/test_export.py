@@ -152,6 +152,58 @@ def test_export_needs_a_bound_drafter_and_an_empty_or_exported_folder(tmp_path, 
     (tmp_path / "busy" / "notes.txt").write_text("keep me")
     with pytest.raises(FileExistsError, match="busy"):
         export_deepspec(drafter, tmp_path / "busy")
+    (tmp_path / "empty").mkdir()
+    assert (export_deepspec(drafter, tmp_path / "empty") / "config.json").is_file()
+
+
+def test_export_refuses_a_folder_holding_a_model_unless_overwrite(tmp_path, llama_target):
+    llama_target.save_pretrained(tmp_path / "model")  # e.g. a copy of the target
+    before = {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()}
+    drafter = make_drafter(llama_target, mask_token_id=95)
+    with pytest.raises(FileExistsError, match=r"model is not empty \(config.json.*--overwrite"):
+        export_deepspec(drafter, tmp_path / "model")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "model").iterdir()} == before
+    out = export_deepspec(drafter, tmp_path / "model", overwrite=True)  # replaces the whole folder
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "calibration.json", "config.json",
+                                                      "model.safetensors"]
+    assert detect_layout(out) == "deepspec" and [p.name for p in tmp_path.iterdir()] == ["model"]
+    with pytest.raises(FileExistsError, match="not empty"):
+        export_deepspec(drafter, out)  # a finished export is not replaced silently either
+
+
+def test_an_export_that_fails_midway_leaves_the_folder_untouched(tmp_path, llama_target, monkeypatch):
+    from hf_dspark.interop import deepspec
+
+    drafter = make_drafter(llama_target, mask_token_id=95)
+    out = export_deepspec(drafter, tmp_path / "engine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(deepspec, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        export_deepspec(make_drafter(llama_target, seed=9, mask_token_id=95), out, overwrite=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["engine"]  # no staging folder left behind
+
+
+def test_export_never_replaces_a_folder_holding_its_input(tmp_path, llama_target):
+    make_drafter(llama_target, mask_token_id=95).save_pretrained(tmp_path / "runs" / "drafter")
+    drafter = DSparkDrafter.from_pretrained(tmp_path / "runs" / "drafter", target=llama_target)
+    for out in (tmp_path / "runs", tmp_path / "runs" / "drafter"):
+        with pytest.raises(FileExistsError, match="holds the input"):
+            export_deepspec(drafter, out, overwrite=True)
+    assert (tmp_path / "runs" / "drafter" / "config.json").is_file()
+
+
+def test_cli_export_checks_the_folder_before_loading_anything(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")
+    with pytest.raises(FileExistsError, match="--overwrite"):  # the target path is never opened
+        cli_main(["export", "--drafter", str(tmp_path / "d"), "--target", str(tmp_path / "no-target"),
+                  str(tmp_path / "out")])
+    assert (tmp_path / "out" / "config.json").read_text() == "{}"
 
 
 def test_cli_export_with_a_target_folder(tmp_path, llama_target, capsys):
@@ -163,3 +215,6 @@ def test_cli_export_with_a_target_folder(tmp_path, llama_target, capsys):
     raw = json.loads((tmp_path / "out" / "config.json").read_text())
     assert raw["sample_from_anchor"] is True
     assert str(tmp_path / "target") in (tmp_path / "out" / "README.md").read_text()
+    code = cli_main(["export", "--drafter", str(tmp_path / "drafter"), "--target", str(tmp_path / "target"),
+                     "--overwrite", str(tmp_path / "out")])
+    assert code == 0 and detect_layout(tmp_path / "out") == "deepspec"

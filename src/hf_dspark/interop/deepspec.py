@@ -158,8 +158,13 @@ def deepspec_tensors(drafter) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def write_deepspec_folder(drafter, out_dir: Path, step_curve: dict[str, Any] | None) -> list[str]:
-    """Write config.json, model.safetensors and the sidecars; returns the file names written."""
+def write_deepspec_folder(
+    drafter, out_dir: Path, step_curve: dict[str, Any] | None, source_folder: Path | None = None
+) -> list[str]:
+    """Write config.json, model.safetensors and the sidecars; returns the file names written.
+
+    `source_folder` is the final destination when `out_dir` is a staging folder (its own old calibration sidecar is
+    not carried over)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     dtype = drafter.fc.weight.dtype
     raw = deepspec_config_dict(drafter.config, dtype)
@@ -167,7 +172,7 @@ def write_deepspec_folder(drafter, out_dir: Path, step_curve: dict[str, Any] | N
     save_file(deepspec_tensors(drafter), out_dir / "model.safetensors", metadata={"format": "pt"})
     name = str(getattr(drafter, "name_or_path", "") or "")
     source = Path(name) if name and Path(name).is_dir() else None
-    if source is not None and source.resolve() == out_dir.resolve():
+    if source is not None and source.resolve() in {out_dir.resolve(), (source_folder or out_dir).resolve()}:
         source = None
     payload = calibration_payload(drafter.config, source)
     (out_dir / CALIBRATION_FILE).write_text(json.dumps(payload, indent=2) + "\n")

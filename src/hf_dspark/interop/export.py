@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +37,46 @@ def _step_curve_payload(drafter, step_curve: StepCurve | dict | str | Path | Non
     return step_curve.to_dict()
 
 
+def check_export_folder(
+    out_dir: str | Path, overwrite: bool = False, keep: tuple[str | Path | None, ...] = ()
+) -> Path:
+    """Refuse an output folder that holds anything unless `overwrite` (which replaces the whole folder), and never
+    one that is, or contains, an input in `keep` (the drafter or target being read). Returns the folder."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file; pass a folder for the exported drafter.")
+    for source in keep:
+        if source is not None and str(source) not in ("", ".") and Path(source).exists():
+            source = Path(source).resolve()
+            if source == out.resolve() or out.resolve() in source.parents:
+                raise FileExistsError(f"{out} holds the input {source}; export to another folder.")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        found = sorted(p.name for p in out.iterdir())
+        raise FileExistsError(
+            f"{out} is not empty ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose an empty or new "
+            "folder, or pass overwrite=True (`--overwrite`) to replace the whole folder."
+        )
+    return out
+
+
+def _swap_in(staged: Path, out: Path) -> None:
+    """Move the finished `staged` folder to `out`, replacing `out` (renames only; the old folder goes last)."""
+    if not out.exists():
+        staged.rename(out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old.rmdir()
+    out.rename(old)
+    staged.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def export_deepspec(
     drafter,
     out_dir: str | Path,
     step_curve: StepCurve | dict | str | Path | None = None,
     target_name: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write `drafter` (bound to its target) in the DeepSpec / serving-engine layout under `out_dir`.
 
@@ -48,17 +85,24 @@ def export_deepspec(
     target's `embed_tokens.weight` / `lm_head.weight`), `calibration.json` (STS temperatures, sampling and greedy),
     `step_curve.json` when a curve is given or sits beside the drafter's folder, and `README.md` with vLLM, SGLang
     and TensorRT-LLM launch settings. Settings an engine cannot serve are logged as warnings and listed in the
-    README. Returns the folder.
+    README. `out_dir` must be empty or new unless `overwrite`, which replaces the whole folder. Everything is written
+    to a temporary folder beside it first and renamed into place, so an interrupted export leaves no half folder.
+    Returns the folder.
     """
     from .deepspec import write_deepspec_folder
 
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not (out / "config.json").is_file():
-        raise FileExistsError(f"{out} exists and is not an exported drafter folder; choose an empty folder.")
+    out = check_export_folder(out_dir, overwrite, keep=(getattr(drafter, "name_or_path", None),))
     drafter._require_bound()
-    written = write_deepspec_folder(drafter, out, _step_curve_payload(drafter, step_curve))
-    name = target_name or drafter._bound.name_or_path or "TARGET"
-    (out / README_FILE).write_text(readme_snippet(drafter.config, out_name=str(out), target=name))
+    curve = _step_curve_payload(drafter, step_curve)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        written = write_deepspec_folder(drafter, staged, curve, source_folder=out)
+        name = target_name or drafter._bound.name_or_path or "TARGET"
+        (staged / README_FILE).write_text(readme_snippet(drafter.config, out_name=str(out), target=name))
+        _swap_in(staged, out)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     for warning in engine_warnings(drafter.config):
         logger.warning(f"DeepSpec export to {out}: {warning}")
     logger.info(f"Exported the drafter to {out}: {', '.join([*written, README_FILE])}.")
@@ -71,10 +115,13 @@ def export_from_paths(
     target_path: str | None = None,
     step_curve: str | None = None,
     dtype: str = "float32",
+    overwrite: bool = False,
 ) -> Path:
-    """CLI body: load the target (the embedded default when `target_path` is None) and the drafter, then export."""
+    """CLI body: check the output folder, load the target (the embedded default when `target_path` is None) and the
+    drafter, then export."""
     from ..modeling_dspark import DSparkDrafter
 
+    check_export_folder(out_dir, overwrite, keep=(drafter_path, target_path))
     torch_dtype = getattr(torch, dtype)
     if target_path is None:
         from ..defaults import load_default_target
@@ -83,9 +130,12 @@ def export_from_paths(
     else:
         from transformers import AutoModelForCausalLM
 
-        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch_dtype).eval()
+        from .sources import resolve_model_source
+
+        hub = resolve_model_source(target_path, what="target")
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch_dtype, **hub).eval()
     drafter = DSparkDrafter.from_pretrained(drafter_path, target=target)
-    return export_deepspec(drafter, out_dir, step_curve=step_curve, target_name=target_path)
+    return export_deepspec(drafter, out_dir, step_curve=step_curve, target_name=target_path, overwrite=overwrite)
 
 
 def exported_summary(out_dir: str | Path) -> dict[str, Any]:
@@ -95,4 +145,4 @@ def exported_summary(out_dir: str | Path) -> dict[str, Any]:
     return {k: raw.get(k) for k in keys}
 
 
-__all__ = ["export_deepspec", "export_from_paths", "exported_summary"]
+__all__ = ["check_export_folder", "export_deepspec", "export_from_paths", "exported_summary"]

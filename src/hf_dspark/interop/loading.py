@@ -22,11 +22,15 @@ from transformers.utils import logging
 from .deepspec import config_from_deepspec, is_deepspec
 from .dflash import UNSUPPORTED_ARCHITECTURES, config_from_dflash, is_dflash
 from .layouts import load_json_object
+from .sources import check_finite_weights, resolve_model_source
 from .weights import SHARED_WEIGHTS, check_tensor_names, expected_shapes, read_tensors, tensor_shapes, weight_files
 
 logger = logging.get_logger(__name__)
 
 LAYOUTS = ("native", "deepspec", "dflash")
+# Fields of a native config.json that change what a drafter computes without changing any tensor shape: a missing
+# one would silently take the class default (e.g. γ = 7), so loading refuses instead.
+NATIVE_REQUIRED_FIELDS = ("block_size", "target_layer_ids", "num_target_layers", "head_type", "hidden_act")
 
 
 def read_config_json(path: str | Path) -> tuple[dict[str, Any], Path]:
@@ -132,7 +136,14 @@ def _check_native(cls: type, folder: Path) -> None:
     """Check a native folder's tensors against its config before transformers loads it (no silent random init)."""
     from ..configuration_dspark import DSparkConfig
 
-    config_file = folder / "config.json"
+    raw, config_file = read_config_json(folder)
+    missing = [name for name in NATIVE_REQUIRED_FIELDS if name not in raw]
+    if missing:
+        raise ValueError(
+            f"{config_file} lacks the field(s) {missing}; a saved drafter records them (they do not show in the "
+            "weights, so a default would silently change the drafter). Restore them, e.g. block_size = γ used "
+            "in training."
+        )
     weight_files(folder)  # refuses pickle-only folders with a clear message
     config = DSparkConfig.from_pretrained(folder)
     check_tensor_names(tensor_shapes(folder), expected_shapes(cls, config), config_file, ignore=())
@@ -140,18 +151,24 @@ def _check_native(cls: type, folder: Path) -> None:
 
 def load_drafter(cls: type, path: Any, *args: Any, target: nn.Module | None = None, **kwargs: Any):
     """`DSparkDrafter.from_pretrained` body: detect the layout, load safetensors weights only, bind `target`."""
-    local = Path(str(path))
+    local = Path(str(path)).expanduser()
     if local.is_dir():
         layout = detect_layout(local)
         if layout != "native":
             if args:
                 raise TypeError(f"positional model arguments {args} are not supported for the {layout} layout.")
-            return _load_foreign(cls, local, layout, target, dict(kwargs))
+            drafter = _load_foreign(cls, local, layout, target, dict(kwargs))
+            check_finite_weights(drafter, local)
+            return drafter
         _check_native(cls, local)
+        path = local
+    elif not kwargs.get("local_files_only"):
+        kwargs.update(resolve_model_source(str(path), what="drafter"))
     kwargs.setdefault("use_safetensors", True)
     if target is not None:
         kwargs.setdefault("dtype", target.get_input_embeddings().weight.dtype)
     drafter = PreTrainedModel.from_pretrained.__func__(cls, path, *args, **kwargs)
+    check_finite_weights(drafter, path)
     if target is not None:
         _bind(drafter, target, local / "config.json")
     return drafter

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 SINGLE_FILE = "model.safetensors"
@@ -56,10 +56,21 @@ def tensor_shapes(folder: str | Path) -> dict[str, tuple[tuple[int, ...], Path]]
     """name -> (shape, file) for every tensor of the folder, read from the safetensors headers only."""
     shapes: dict[str, tuple[tuple[int, ...], Path]] = {}
     for file in weight_files(folder):
-        with safe_open(file, framework="pt") as handle:
-            for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
-                shapes[name] = (tuple(handle.get_slice(name).get_shape()), file)
+        try:
+            with safe_open(file, framework="pt") as handle:
+                for name in handle.keys():  # noqa: SIM118 (safe_open handles are not iterable)
+                    shapes[name] = (tuple(handle.get_slice(name).get_shape()), file)
+        except SafetensorError as err:
+            raise unreadable(file, err) from err
     return shapes
+
+
+def unreadable(file: Path, err: Exception) -> ValueError:
+    """The error for a safetensors file that cannot be parsed (usually cut short by an interrupted copy or save)."""
+    return ValueError(
+        f"{file} ({file.stat().st_size:,} bytes) is not a readable safetensors file: {err}. It is probably truncated "
+        "(an interrupted download, copy or save); re-download or re-save it."
+    )
 
 
 def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
@@ -70,7 +81,11 @@ def read_tensors(folder: str | Path) -> dict[str, torch.Tensor]:
     """
     tensors: dict[str, torch.Tensor] = {}
     for file in weight_files(folder):
-        tensors.update({name: t.clone() for name, t in load_file(file, device="cpu").items()})
+        try:
+            loaded = load_file(file, device="cpu")
+        except SafetensorError as err:
+            raise unreadable(file, err) from err
+        tensors.update({name: t.clone() for name, t in loaded.items()})
     return tensors
 
 
