@@ -1,9 +1,11 @@
-"""`hf-dspark eval`: the command-line front of `accepted_length.run_eval` (registered by `cli.build_parser`)."""
+"""`hf-dspark eval`: the command-line front of `accepted_length.run_eval`."""
 
 from __future__ import annotations
 
 import argparse
 import time
+
+from .loaders import DTYPE_CHOICES, load_drafter_spec, load_target
 
 PAPER_SETS = ["data/eval/gsm8k.jsonl", "data/eval/math500.jsonl", "data/eval/aime25.jsonl",
               "data/eval/humaneval.jsonl", "data/eval/mbpp.jsonl", "data/eval/mt-bench.jsonl"]
@@ -17,47 +19,20 @@ def parse_drafter_spec(spec: str) -> tuple[str, str]:
     return name, path
 
 
-def load_drafter(target, path: str):
-    """A trained drafter (native, serving-engine or DFlash layout) or, for `untrained[:γ]`, a random one."""
-    from .. import DSparkConfig, DSparkDrafter
-
-    if path == "untrained" or path.startswith("untrained:"):
-        gamma = int(path.partition(":")[2] or 7)
-        config = DSparkConfig.from_target(target.config, block_size=gamma, markov_rank=64)
-        drafter = DSparkDrafter(config).bind_target(target)
-    else:
-        drafter = DSparkDrafter.from_pretrained(path, target=target)
-    drafter.eval_source = path
-    return drafter.eval()
-
-
-def _load_target(path: str | None, dtype_name: str):
-    import torch
-
-    dtype = getattr(torch, dtype_name)
-    if path is None:
-        from .. import load_default_target
-
-        return load_default_target(dtype=dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval(), AutoTokenizer.from_pretrained(path)
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
-    from .accepted_length import EvalConfig, run_eval
-    from .eval_report import format_table
+    from ..eval.accepted_length import EvalConfig, run_eval
+    from ..eval.eval_report import format_table
 
     config = EvalConfig(sets=args.sets, temperature=args.temperature, block_size=args.block_size,
                         sweep_gammas=args.sweep, prompt_lookup=args.prompt_lookup, limit=args.limit,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                        threads=args.threads, out=args.out, resume=not args.restart)
+                        threads=args.threads, out=args.out, resume=not args.restart, overwrite=args.overwrite)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    target, tokenizer = _load_target(args.target, args.dtype)
-    drafters = {name: load_drafter(target, path) for name, path in args.drafters}
+    target, tokenizer = load_target(args.target, args.dtype)
+    drafters = {name: load_drafter_spec(target, path) for name, path in args.drafters}
     for name, drafter in drafters.items():
         print(f"{name}: {drafter.eval_source} (γ = {drafter.config.block_size}, head {drafter.config.head_type})")
     report = run_eval(config, target, tokenizer, drafters)
@@ -81,14 +56,15 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--block-size", type=int, default=None,
                     help="ℓ = γ for the main table (default: each drafter's own block size)")
     ev.add_argument("--sweep", type=int, nargs="*", default=[4, 8, 12, 16], help="γ of the proposal-length sweep")
-    ev.add_argument("--limit", type=int, default=None, help="prompts per set (default: all)")
+    ev.add_argument("--limit", type=int, default=None, help="prompts per set, >= 1 (default: all)")
     ev.add_argument("--max-new-tokens", type=int, default=256, help="tokens per turn")
     ev.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
-    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--seed", type=int, default=0, help="base seed of the sampling runs")
     ev.add_argument("--threads", type=int, default=2, help="torch threads, pinned")
     ev.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
-    ev.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ev.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
     ev.add_argument("--out", default="benchmarks/results/eval.json",
                     help="JSON report; figures and the resumable work file <stem>.work.jsonl go beside it")
     ev.add_argument("--restart", action="store_true", help="discard the work file instead of resuming")
-    ev.set_defaults(func=cmd_eval)
+    ev.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an eval report")
+    ev.set_defaults(func=cmd_eval, parser=ev)

@@ -1,0 +1,163 @@
+"""`hf-dspark bench speed` (batch-1 tokens/s per method) and `hf-dspark bench serve` (serving load)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+from .loaders import load_baseline, load_drafter, load_target, positive_float, positive_int, probability
+from .validation import check_drafter_path, check_files, check_output_parent
+
+SPEED_SETS = ["data/eval/gsm8k.jsonl", "data/eval/mt-bench.jsonl"]
+SERVE_SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/mt-bench.jsonl"]
+
+
+def cmd_bench_speed(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..eval.speed import SpeedConfig, run_speed_benchmark
+
+    check_files(args.parser, "--sets", args.sets)
+    check_drafter_path(args.parser, "--drafter", args.drafter)
+    check_drafter_path(args.parser, "--baseline", args.baseline)
+    check_output_parent(args.parser, "--out", args.out)
+    scheduler = None if args.scheduler == "none" else args.scheduler
+    try:
+        config = SpeedConfig(prompt_files=args.sets, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                             repeats=args.repeats, block_sizes=args.block_sizes, threads=args.threads,
+                             drafter=args.drafter, baseline=args.baseline, scheduler=scheduler, out=args.out)
+    except ValueError as error:
+        args.parser.error(str(error))
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(None, "float32")
+    drafter = baseline = None
+    if not args.no_drafter:
+        drafter, what = load_drafter(target, args.drafter, max(args.block_sizes, default=7))
+        print(f"dspark method uses {what}")
+        baseline, what = load_baseline(target, args.baseline)
+        print(f"dflash method uses {what}")
+    report = run_speed_benchmark(config, target, tokenizer, drafter, baseline)
+    for set_name, methods in report["results"].items():
+        print(f"\n{set_name} (median tokens/s, median ratio to plain, τ):")
+        for name, row in methods.items():
+            tau = "" if row["mean_accepted_length"] is None else f"  τ={row['mean_accepted_length']:.2f}"
+            print(f"  {name:16s} {row['median_tokens_per_second']:7.2f}  x{row['median_ratio_to_plain']:.2f}{tau}")
+    print(f"\nwrote {args.out} and {args.out.rsplit('.', 1)[0]}.png")
+    return 0
+
+
+def _serve_user_turns(parser: argparse.ArgumentParser, sets: list[str], per_set: int) -> list[str]:
+    """First user turn of the first `per_set` prompts of each set (read before the target is loaded)."""
+    from ..eval.prompts import load_prompt_set
+
+    turns = []
+    for path in sets:
+        try:
+            items = load_prompt_set(path)[:per_set]
+        except ValueError as error:
+            parser.error(f"--sets: {error}")
+        turns.extend(item["turns"][0] for item in items)
+    return turns
+
+
+def cmd_bench_serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..eval.oracle import oracle_for
+    from ..eval.prompts import chat_input_ids
+    from ..eval.serve import ServeConfig, run_serve_benchmark
+
+    check_files(args.parser, "--sets", args.sets)
+    check_drafter_path(args.parser, "--drafter", args.drafter)
+    check_output_parent(args.parser, "--out", args.out)
+    try:
+        config = ServeConfig(concurrency=args.concurrency, policies=args.policies, requests_per_level=args.requests,
+                             max_new_tokens=args.max_new_tokens, arrival_rate=args.arrival_rate,
+                             threshold=args.threshold, threads=args.threads, out=args.out)
+    except ValueError as error:
+        args.parser.error(str(error))
+    user_turns = _serve_user_turns(args.parser, args.sets, args.prompts_per_set)
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(None, "float32")
+    prompts = [chat_input_ids(tokenizer, [turn])[0] for turn in user_turns]
+    random.Random(0).shuffle(prompts)  # mix the domains; request i serves prompts[i % n]
+    if args.oracle:
+        total = max(args.requests, *args.concurrency)
+        references = [target.generate(p[None], do_sample=False, max_new_tokens=args.max_new_tokens,
+                                      min_new_tokens=args.max_new_tokens)[0] for p in prompts]
+        drafter = oracle_for(target, args.block_size, references[0][None], torch.ones(1, 1))
+        drafter.reference = [references[i % len(references)] for i in range(total)]
+        label = f"oracle drafter (γ={args.block_size})"
+    else:
+        drafter, label = load_drafter(target, args.drafter, args.block_size)
+    step_curve = None
+    if "scheduler" in args.policies:
+        from ..profiling import load_or_profile_step_curve
+
+        step_curve = load_or_profile_step_curve(target, threads=args.threads)
+    print(f"serving with {label}")
+    report = run_serve_benchmark(config, target, prompts, drafter, step_curve=step_curve, drafter_label=label)
+    print(f"{'policy':10s} {'C':>3s} {'agg tok/s':>10s} {'user tok/s':>10s} {'mean ℓ':>7s}")
+    for row in report["results"]:
+        print(f"{row['policy']:10s} {row['concurrency']:3d} {row['aggregate_tokens_per_second']:10.2f} "
+              f"{row['per_user_tokens_per_second']:10.2f} {row['mean_verify_len']:7.2f}")
+    stem = args.out.rsplit(".", 1)[0]
+    print(f"wrote {args.out}, {stem}_frontier.png, {stem}_budget.png")
+    return 0
+
+
+def _add_speed_command(bench) -> None:
+    speed = bench.add_parser(
+        "speed", help="batch-1 tokens/s: plain, prompt lookup, baseline, DSpark (fixed / scheduler), oracle",
+        description="Batch-1 tokens/s of plain decoding, prompt lookup, the DFlash-style baseline, DSpark at ℓ = γ "
+        "and with a scheduler policy, and the oracle drafter, on the embedded default target.",
+    )
+    speed.add_argument("--sets", nargs="+", default=SPEED_SETS, help="JSONL prompt sets")
+    speed.add_argument("--prompts", type=positive_int, default=3, help="prompts per set")
+    speed.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens generated per prompt")
+    speed.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt and method (median)")
+    speed.add_argument("--block-sizes", type=positive_int, nargs="*", default=[4, 8, 16],
+                       help="γ of the oracle ceiling runs (none: skip the oracle)")
+    speed.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads, pinned")
+    speed.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
+    speed.add_argument("--baseline", default=None, help="DFlash-style baseline folder (default: the shipped one)")
+    speed.add_argument("--scheduler", default="lagged_padded",
+                       help="policy of the extra dspark_<policy> run (a dspark_policy value; 'none' skips it)")
+    speed.add_argument("--no-drafter", action="store_true", help="only plain, prompt lookup and the oracle")
+    speed.add_argument("--out", default="benchmarks/results/speed.json", help="JSON report (a PNG goes beside it)")
+    speed.set_defaults(func=cmd_bench_speed, parser=speed)
+
+
+def _add_serve_command(bench) -> None:
+    serve = bench.add_parser(
+        "serve", help="serving load: continuous batching per verification policy",
+        description="Continuous-batching serving benchmark on the embedded default target: aggregate and per-user "
+        "tokens/s per verification policy and load level.",
+    )
+    serve.add_argument("--sets", nargs="+", default=SERVE_SETS, help="JSONL prompt sets (first turn of each prompt)")
+    serve.add_argument("--prompts-per-set", type=positive_int, default=8, help="prompts taken from each set")
+    serve.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32],
+                       help="client counts C (closed loop) to measure")
+    serve.add_argument("--policies", nargs="+", default=["none", "fixed1", "fixed", "threshold", "scheduler"],
+                       help="none (plain batched decoding) | fixed1 (ℓ = 1) | fixed (ℓ = γ) | threshold | "
+                       "scheduler (lagged-capacity rule on the profiled step curve)")
+    serve.add_argument("--requests", type=positive_int, default=16, help="finished requests per (policy, C)")
+    serve.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per request")
+    serve.add_argument("--arrival-rate", type=positive_float, default=None,
+                       help="Poisson arrivals per second instead of closed-loop clients")
+    serve.add_argument("--threshold", type=probability, default=0.5, help="survival threshold of the threshold policy")
+    serve.add_argument("--block-size", type=positive_int, default=7, help="γ of the oracle drafter")
+    serve.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
+    serve.add_argument("--oracle", action="store_true", help="serve with the oracle drafter (ceiling)")
+    serve.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads, pinned")
+    serve.add_argument("--out", default="benchmarks/results/serve.json", help="JSON report (PNGs go beside it)")
+    serve.set_defaults(func=cmd_bench_serve, parser=serve)
+
+
+def add_bench_command(sub) -> None:
+    """Register `bench speed` and `bench serve` on the top-level subparsers."""
+    bench = sub.add_parser("bench", help="benchmarks: batch-1 speed and serving load",
+                           description="Benchmarks on the embedded default target.")
+    commands = bench.add_subparsers(dest="bench", required=True, metavar="{speed,serve}")
+    _add_speed_command(commands)
+    _add_serve_command(commands)

@@ -1,0 +1,148 @@
+"""Loaders and argument types shared by every `hf-dspark` subcommand.
+
+Every command that needs a target calls `load_target`; every command that needs a drafter calls `load_drafter`
+(trained folder, shipped default, or an untrained fallback) or `load_drafter_spec` (`eval`'s `untrained[:γ]`).
+Argument types here fail inside argparse, so a bad value is reported before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
+
+
+def load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool = True):
+    """(model, tokenizer or None): a local/Hub causal LM at `path`, or the embedded default target when None."""
+    import torch
+
+    dtype = getattr(torch, dtype_name)
+    if path is None:
+        from ..defaults import load_default_target
+
+        return load_default_target(dtype=dtype)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
+
+
+def untrained_drafter(target, block_size: int):
+    """A randomly initialised 2-layer DSpark drafter bound to `target` (smoke runs; ~1 token per round)."""
+    from ..configuration_dspark import DSparkConfig
+    from ..modeling_dspark import DSparkDrafter
+
+    config = DSparkConfig.from_target(target.config, block_size=block_size, num_hidden_layers=2, markov_rank=64)
+    return DSparkDrafter(config).bind_target(target)
+
+
+def load_drafter(target, path: str | None, block_size: int = 7):
+    """(drafter, description): the trained drafter at `path`, the shipped default, or (saying so) an untrained one."""
+    from ..defaults import load_default_drafter
+    from ..modeling_dspark import DSparkDrafter
+
+    if path is not None:
+        return DSparkDrafter.from_pretrained(path, target=target), f"drafter {path}"
+    try:
+        return load_default_drafter(target), "the shipped default DSpark drafter"
+    except FileNotFoundError:
+        drafter = untrained_drafter(target, block_size)
+        return drafter, "an UNTRAINED drafter (no shipped default in this installation): expect ~1 token per round"
+
+
+def load_baseline(target, path: str | None):
+    """(drafter or None, description): the DFlash-style baseline at `path` or the shipped one, if any."""
+    from ..defaults import load_default_drafter
+    from ..modeling_dspark import DSparkDrafter
+
+    if path is not None:
+        return DSparkDrafter.from_pretrained(path, target=target), f"drafter {path}"
+    try:
+        return load_default_drafter(target, variant="dflash"), "the shipped DFlash-style baseline"
+    except FileNotFoundError:
+        return None, "nothing (no baseline ships in this installation; the method is skipped)"
+
+
+def load_drafter_spec(target, path: str):
+    """A trained drafter (native, serving-engine or DFlash layout) or, for `untrained[:γ]`, a random one."""
+    from ..modeling_dspark import DSparkDrafter
+
+    if path == "untrained" or path.startswith("untrained:"):
+        drafter = untrained_drafter(target, int(path.partition(":")[2] or 7))
+    else:
+        drafter = DSparkDrafter.from_pretrained(path, target=target)
+    drafter.eval_source = path
+    return drafter.eval()
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {value}")
+    return value
+
+
+def existing_file(text: str) -> str:
+    """argparse type: a path to an existing file."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    return text
+
+
+def json_object_file(text: str) -> dict[str, Any]:
+    """argparse type: a file holding one JSON object, parsed; errors name the file, line and column."""
+    path = Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"no such file: {text}")
+    try:
+        payload = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(
+            f"{text} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise argparse.ArgumentTypeError(f"{text} is not UTF-8 text ({error.reason})") from None
+    if not isinstance(payload, dict):
+        raise argparse.ArgumentTypeError(f"{text} must hold a JSON object, got a {type(payload).__name__}")
+    return payload
+
+
+def step_curve_file(text: str) -> dict[str, Any]:
+    """argparse type: a step-curve JSON file (`hf-dspark profile` output), parsed and checked; returns the dict."""
+    from ..scheduler import StepCurve
+
+    payload = json_object_file(text)
+    try:
+        StepCurve.from_dict(payload)
+    except (TypeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(f"{text} is not a step curve: {error}") from None
+    return payload

@@ -1,0 +1,91 @@
+"""`hf-dspark profile` (the SPS(B) step curve) and `hf-dspark calibrate` (STS temperatures); docs/scheduling.md."""
+
+from __future__ import annotations
+
+import argparse
+
+from .loaders import DTYPE_CHOICES, load_target, positive_int
+from .validation import check_drafter_path, check_files
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ..profiling import DEFAULT_BATCH_TOKENS, profile_step_curve, step_curve_path
+
+    target, _ = load_target(args.target, args.dtype, tokenizer=False)
+    curve = profile_step_curve(target, batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS, rows=args.rows,
+                               cache_length=args.cache_length, repeats=args.repeats, warmup=args.warmup,
+                               threads=args.threads, statistic=args.statistic)
+    out = args.out or str(step_curve_path(curve.model, curve.device, curve.dtype, curve.threads))
+    curve.save(out)
+    for b, sps in zip(curve.batch_tokens, curve.steps_per_second):
+        print(f"  B={b:4d}  {1e3 / sps:8.1f} ms  {sps:7.2f} steps/s  {b * sps:8.1f} tokens/s")
+    print(f"wrote {out}")
+    if args.plot:
+        curve.plot(args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..eval.calibrate import CalibrationRun, run_calibration
+    from ..modeling_dspark import DSparkDrafter
+
+    check_files(args.parser, "--prompts", args.prompts)
+    check_drafter_path(args.parser, "--drafter", args.drafter)
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_target(args.target, args.dtype)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target)
+    run = CalibrationRun(prompt_files=args.prompts, limit=args.limit, skip=args.skip, modes=args.mode,
+                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                         temperature=args.temperature, out=args.out or args.drafter)
+    reports = run_calibration(run, target, tokenizer, drafter)
+    for mode, report in reports.items():
+        print(f"{mode}: {report.n_samples} rounds; T = {[round(t, 3) for t in report.temperatures]}")
+        print(f"  ECE before {[round(e, 4) for e in report.ece_before]}")
+        print(f"  ECE after  {[round(e, 4) for e in report.ece_after]}")
+    print(f"wrote the temperatures, calibration.json and reliability_*.png to {run.out}")
+    return 0
+
+
+def add_profile_command(sub) -> None:
+    """Register `profile` on the top-level subparsers."""
+    profile = sub.add_parser("profile", help="measure SPS(B), the step curve the load-aware scheduler uses",
+                             description="Time one verification forward of the target per batch-token count B and "
+                             "save the step curve SPS(B) that the load-aware scheduler reads.")
+    profile.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
+    profile.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
+    profile.add_argument("--threads", type=positive_int, default=1, help="torch threads pinned while profiling")
+    profile.add_argument("--out", default=None, help="JSON path (default: the user cache that generate reads)")
+    profile.add_argument("--plot", default=None, help="also write a PNG plot here")
+    profile.add_argument("--batch-tokens", type=positive_int, nargs="+", default=None,
+                         help="B values (default: 1-8, 12 ... 128)")
+    profile.add_argument("--rows", type=positive_int, default=8, help="B tokens are spread over min(B, rows) rows")
+    profile.add_argument("--cache-length", type=int, default=200, help="tokens already cached per row")
+    profile.add_argument("--repeats", type=positive_int, default=5, help="timed sweeps over all B (median per B)")
+    profile.add_argument("--warmup", type=int, default=1, help="untimed sweeps before the timed ones")
+    profile.add_argument("--statistic", choices=["median", "min"], default="median",
+                         help="per-B summary of the timed forwards (min: uncontended cost on a shared machine)")
+    profile.set_defaults(func=cmd_profile, parser=profile)
+
+
+def add_calibrate_command(sub) -> None:
+    """Register `calibrate` on the top-level subparsers."""
+    calibrate = sub.add_parser("calibrate", help="fit STS temperatures of a drafter's confidence head",
+                               description="Roll out held-out prompts with DSpark, then fit the sequential "
+                               "temperature scaling (STS) of the drafter's confidence head per position.")
+    calibrate.add_argument("--drafter", required=True, help="trained drafter folder (updated in place by default)")
+    calibrate.add_argument("--prompts", nargs="+", required=True, help="held-out JSONL prompt sets")
+    calibrate.add_argument("--limit", type=positive_int, default=32, help="prompts per set")
+    calibrate.add_argument("--skip", type=int, default=0, help="skip the first N prompts of each set")
+    calibrate.add_argument("--mode", choices=["greedy", "sampling", "both"], default="both",
+                           help="decoding mode(s) of the rollouts; each gets its own temperatures")
+    calibrate.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens per rollout")
+    calibrate.add_argument("--batch-size", type=positive_int, default=8, help="prompts per generate call")
+    calibrate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
+    calibrate.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
+    calibrate.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
+    calibrate.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    calibrate.add_argument("--out", default=None, help="save the calibrated drafter here instead of in place")
+    calibrate.set_defaults(func=cmd_calibrate, parser=calibrate)

@@ -1,0 +1,45 @@
+"""Checks that `hf-dspark` commands run on their arguments before loading any model (they exit with status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_nonempty(parser: argparse.ArgumentParser, option: str, value: str) -> None:
+    if not value or not value.strip():
+        parser.error(f"{option} is empty; give some text")
+
+
+def check_drafter_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
+    """A drafter argument must be a folder with config.json, or look like a Hub id (`org/name`)."""
+    if path is None:
+        return
+    folder = Path(path)
+    if folder.exists():
+        if not (folder / "config.json").is_file():
+            parser.error(f"{option} {path}: no config.json in this folder; pass a saved drafter folder")
+        return
+    if not HUB_ID.match(path):
+        parser.error(f"{option} {path}: no such folder (and not a Hub id of the form org/name)")
+
+
+def check_files(parser: argparse.ArgumentParser, option: str, paths: list[str]) -> None:
+    missing = [p for p in paths if not Path(p).is_file()]
+    if missing:
+        parser.error(f"{option}: no such file(s): {', '.join(missing)}")
+
+
+def check_output_parent(parser: argparse.ArgumentParser, option: str, path: str) -> None:
+    """The output's folder must exist or be creatable, and the output must not be a folder."""
+    out = Path(path)
+    if out.is_dir():
+        parser.error(f"{option} {path} is a folder; give a file path such as {out / 'report.json'}")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        parser.error(f"{option} {path}: {parent} is not a folder")
