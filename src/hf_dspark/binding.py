@@ -45,3 +45,25 @@ def validate_target_shape(config: DSparkConfig, target: nn.Module) -> None:
             "This drafter does not fit the target (" + "; ".join(problems) + "). Use the drafter trained for this "
             "target, or build a new one with DSparkConfig.from_target(target.config)."
         )
+
+
+def unbound_assistant_error(drafter) -> AttributeError:
+    """The error for `target.generate(assistant_model=drafter)` on a target DSpark is not enabled on.
+
+    transformers' stock assisted loop then reads `assistant_model.generation_config`, which a drafter lacks.
+    """
+    if getattr(drafter, "is_bound", False):
+        cause = (
+            "the drafter is bound to another target model instance, so this target runs transformers' own "
+            "assisted loop. Bind it to the model you generate with: drafter.bind_target(target)"
+        )
+    else:
+        cause = (
+            "the drafter is not bound to a target (it was loaded or built without `target=`), so the target runs "
+            "transformers' own assisted loop. Call drafter.bind_target(target) first, or load it with "
+            "DSparkDrafter.from_pretrained(path, target=target)"
+        )
+    return AttributeError(
+        f"A DSparkDrafter has no generation_config of its own: {cause}; then call "
+        "target.generate(..., assistant_model=drafter)."
+    )

@@ -144,6 +144,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
     def bound_to(self, target: nn.Module) -> bool:
         return self._bound is not None and self._bound.target_id == id(target)
 
+    def __getattr__(self, name: str) -> Any:
+        if name == "generation_config":  # read by transformers' stock assisted loop: the target is not DSpark-enabled
+            from .binding import unbound_assistant_error
+
+            raise unbound_assistant_error(self)
+        return super().__getattr__(name)
+
     def _require_bound(self) -> _BoundTarget:
         if self._bound is None:
             raise RuntimeError(
@@ -168,7 +175,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
     # ------------------------------------------------------------------ draft vocabulary
     def draft_token_ids(self) -> torch.Tensor | None:
-        """Target ids of the draft vocabulary `[V_draft]` (sorted), or `None` when drafting over the full vocabulary."""
+        """Target ids of the draft vocabulary `[V_draft]` (sorted); `None` when drafting over the full vocabulary."""
         return token_ids_from_d2t(self.d2t) if self.config.draft_vocab_size is not None else None
 
     def _draft_head_rows(self, lm_head: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

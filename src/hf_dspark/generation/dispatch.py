@@ -19,6 +19,7 @@ from ..binding import validate_target_shape
 from ..modeling_dspark import DSparkDrafter
 from .candidate_generator import DSparkCandidateGenerator
 from .loop import dspark_decoding
+from .options import check_left_padded, generation_config_options, validate_dspark_options
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -38,6 +39,7 @@ def _dspark_subclass(cls: type) -> type:
                            synced_gpus=False, streamer=None, inputs_tensor=None, assistant_model=None,
                            assistant_tokenizer=None, tokenizer=None, **model_kwargs):
         if isinstance(assistant_model, DSparkDrafter) and not getattr(generation_config, "dspark_stock_loop", False):
+            check_left_padded(model_kwargs.get("attention_mask"))
             return dspark_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
                                    streamer=streamer, assistant_model=assistant_model, **model_kwargs)
         return cls._assisted_decoding(
@@ -67,9 +69,11 @@ def _dspark_subclass(cls: type) -> type:
         # `generate(..., dspark_policy="lagged")`: transformers only copies kwargs naming known GenerationConfig
         # fields and would reject the rest as unused model kwargs, so `dspark_*` options are set on the copy here.
         options = {key: kwargs.pop(key) for key in [k for k in kwargs if k.startswith("dspark_")]}
+        validate_dspark_options(options)
         config, model_kwargs = cls._prepare_generation_config(self, generation_config, **kwargs)
         for key, value in options.items():
             setattr(config, key, value)
+        validate_dspark_options(generation_config_options(config))  # also options set on a GenerationConfig
         return config, model_kwargs
 
     sub = type(cls.__name__, (cls,), {
@@ -107,5 +111,7 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
     if drafter is None:
         raise ValueError("dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, "
                          "drafter=drafter)")
+    validate_dspark_options(generation_config_options(generation_config))
+    check_left_padded(model_kwargs.get("attention_mask"))
     return dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
                            streamer=dspark_streamer, assistant_model=drafter, **model_kwargs)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers.cache_utils import DynamicCache
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
@@ -23,9 +22,11 @@ from ..modeling_dspark import DSparkDrafter
 from ..verification import verify_greedy, verify_sampling
 from .candidate_generator import DSparkCandidateGenerator
 from .policy import policy_from_config
+from .prefill import prefill_target
 from .processors import RowProcessors
 from .state import RowState, validate_call
 from .stats import DSparkGenerationStats
+from .streaming import CommitStreamer
 
 logger = logging.get_logger(__name__)
 
@@ -50,6 +51,7 @@ class DSparkLoop:
         batch = input_ids.shape[0]
         self.processors = RowProcessors(logits_processor, batch)
         self.rows = RowState(input_ids, stopping_criteria, generation_config)
+        self.streaming = CommitStreamer(streamer, self.rows)
         self.generator = DSparkCandidateGenerator(drafter, self.processors, self.do_sample, range(batch))
         self.policy = policy_from_config(generation_config, drafter.config.block_size, target=model)
         self.stats = DSparkGenerationStats(
@@ -61,27 +63,19 @@ class DSparkLoop:
 
     # ------------------------------------------------------------------ prefill
     def prefill(self) -> None:
-        from .target_cache import RaggedTargetCache
-
         kwargs = self.model_kwargs
-        mask = kwargs.get("attention_mask")
-        cache = kwargs.get("cache")
-        cache = cache if cache is not None else DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=self.input_ids, attention_mask=mask, position_ids=kwargs.get("position_ids"), cache=cache,
-            use_cache=True, output_hidden_states=self.taps, logits_to_keep=1,
-        )
-        valid = mask.bool() if mask is not None else torch.ones_like(self.input_ids, dtype=torch.bool)
-        features = torch.cat([out.hidden_states[i] for i in self.taps], dim=-1)
-        self.generator.add_context(features, valid)
-        self.target = RaggedTargetCache(out.cache, valid, valid.sum(dim=1))
+        out = prefill_target(self.model, self.input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"),
+                             kwargs.get("cache"), self.taps)  # only the tokens a given cache does not hold yet
+        valid = out.valid
+        self.generator.add_context(out.features, valid)
+        self.target = out.target
         self.stats.prefill_tokens = int(valid.sum())
-        raw = out.logits[:, -1].float()
+        raw = out.logits
         scores = self.processors.apply(range(len(valid)), list(self.input_ids), raw)
         first = _pick(scores, self.do_sample)
         for row in range(len(valid)):
             self.rows.commit(row, [int(first[row])], scores[row : row + 1], raw[row : row + 1])
-        self._stream(first[:1].tolist())
+        self._stream()
         self.anchor = first
         self._drop_finished()
 
@@ -118,8 +112,7 @@ class DSparkLoop:
             tokens = [*drafts[a, :m].tolist(), int(result.next_token[a])]
             kept = self.rows.commit(row, tokens, scores[a, : m + 1], out.logits[a, : m + 1])
             committed_counts.append(kept)
-            if a == 0:
-                self._stream(tokens[:kept])
+        self._stream()
         self.stats.record_round(active, verify_len.tolist(), accepted.tolist(), committed_counts)
         kept_slots = 1 + accepted
         self.target.commit_last(steps, kept_slots)
@@ -128,9 +121,8 @@ class DSparkLoop:
         self._drop_finished()
 
     # ------------------------------------------------------------------ bookkeeping
-    def _stream(self, tokens: list[int]) -> None:
-        if self.streamer is not None and tokens:
-            self.streamer.put(torch.tensor(tokens))
+    def _stream(self) -> None:
+        self.streaming.flush()
 
     def _drop_finished(self) -> None:
         active = self.generator.rows
@@ -150,8 +142,7 @@ class DSparkLoop:
         self.stats.compactions = self.target.compactions
         self.stats.max_cache_width = self.target.max_width
         self.drafter.last_generation_stats = self.stats
-        if self.streamer is not None:
-            self.streamer.end()
+        self.streaming.end()
         sequences = self.rows.sequences()
         if not self.config.return_dict_in_generate:
             return sequences

@@ -8,6 +8,12 @@ numbers of tokens per round and each round needs processed distributions at seve
 - every other processor (repetition penalty, n-gram blocking, min-length, ...) is applied row by row, with a
   per-row copy of the processor list whose batch-shaped tensors are sliced to that row, and the row's full
   history (its original left padding included) as `input_ids`: exactly what plain batched generate feeds it.
+  `PrefixConstrainedLogitsProcessor`'s function is called with the row's real batch index.
+
+Row by row is faithful only for processors whose output for a row depends on that row's `input_ids` and scores
+alone and that keep no state between calls (the loop also calls them at draft positions that may be rejected).
+The transformers processors with that property are listed in `ROW_LOCAL`; any other processor is refused before
+generation starts, unless it declares `dspark_row_local = True` (class or instance attribute).
 """
 
 from __future__ import annotations
@@ -16,11 +22,13 @@ import copy
 from collections.abc import Sequence
 
 import torch
+from transformers.generation import logits_process as lp
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
     LogitsProcessorList,
     MinPLogitsWarper,
+    PrefixConstrainedLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -37,10 +45,49 @@ HISTORY_FREE = (
     EtaLogitsWarper,
 )
 
+# Output for a row depends on that row's input_ids and scores only, no state across calls (audited transformers 5).
+ROW_LOCAL = HISTORY_FREE + tuple(
+    getattr(lp, name) for name in (
+        "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
+        "TopHLogitsWarper", "NoRepeatNGramLogitsProcessor", "SequenceBiasLogitsProcessor",
+        "NoBadWordsLogitsProcessor", "PrefixConstrainedLogitsProcessor", "ForcedBOSTokenLogitsProcessor",
+        "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty",
+        "LogitNormalization", "SuppressTokensAtBeginLogitsProcessor", "SuppressTokensLogitsProcessor",
+        "WatermarkLogitsProcessor",
+    ) if hasattr(lp, name)
+)
+
+
+def check_row_local(processors: LogitsProcessorList) -> None:
+    """Refuse processors that row-by-row application cannot reproduce (state, batch-wide coupling, unknown)."""
+    for processor in processors:
+        if isinstance(processor, ROW_LOCAL) or getattr(processor, "dspark_row_local", False) is True:
+            continue
+        name = type(processor).__name__
+        raise ValueError(
+            f"DSpark cannot apply the logits processor {name} faithfully: it applies processors row by row, on "
+            "ragged prefixes and at draft positions that may be rejected, so a processor must compute each row "
+            "from that row's input_ids and scores alone and keep no state between calls. If "
+            f"{name} does, set `dspark_row_local = True` on it; otherwise generate without the DSpark assistant."
+        )
+
+
+class _RowBatchId:
+    """`prefix_allowed_tokens_fn` seen through a batch-size-1 view of row `row`: passes the real batch index."""
+
+    def __init__(self, function, row: int) -> None:
+        self.function, self.row = function, row
+
+    def __call__(self, batch_id: int, input_ids: torch.Tensor):
+        return self.function(self.row + batch_id, input_ids)
+
 
 def _slice_row(processor, batch_size: int, row: int):
-    """Copy of `processor` with every tensor attribute of leading size `batch_size` cut to `[row:row+1]`."""
+    """Copy of `processor` for row `row` alone: tensor attributes of leading size `batch_size` cut to
+    `[row:row+1]`, and `prefix_allowed_tokens_fn` given the row's real batch index."""
     clone = copy.deepcopy(processor)
+    if isinstance(clone, PrefixConstrainedLogitsProcessor) and row:
+        clone._prefix_allowed_tokens_fn = _RowBatchId(processor._prefix_allowed_tokens_fn, row)
     if batch_size == 1:
         return clone
     for name, value in vars(clone).items():
@@ -54,6 +101,7 @@ class RowProcessors:
 
     def __init__(self, processors: LogitsProcessorList | None, batch_size: int) -> None:
         processors = processors if processors is not None else LogitsProcessorList()
+        check_row_local(processors)
         self.history_free = all(isinstance(p, HISTORY_FREE) for p in processors)
         self.shared = LogitsProcessorList(processors)
         self.per_row: list[LogitsProcessorList] | None = None

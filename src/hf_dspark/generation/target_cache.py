@@ -4,7 +4,11 @@ Every row appends the same number of slots per forward (1 + max ℓ_r); slots a 
 were rejected, stay in the cache as holes that a 2D attention mask hides, and explicit `position_ids` keep each
 row's positions contiguous. When holes grow past a fraction of the cache width, `compact` gathers each row's
 valid entries into a fresh left-padded cache (about one concatenation's cost). Rows that finish are dropped.
-Measured in TRANSFORMERS_NOTES.md: logits within ~6e-5 of an unbatched reference in fp32 (sdpa and eager).
+
+Sliding-window and hybrid targets (Mistral, Gemma 2/3, ...): every layer keeps a full `DynamicLayer` and the
+window is a mask. Each slot's position is tracked, and each verification forward gets 4D masks built from those
+positions: key k is visible to query q when it is valid, pos_k ≤ pos_q and, on sliding layers, pos_q − pos_k <
+window. Plain `generate`'s sliding layers drop the entries these masks hide; hidden entries weigh exactly zero.
 """
 
 from __future__ import annotations
@@ -12,7 +16,91 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, get_layer_types_and_kwargs
+
+MASKABLE_LAYERS = ("full_attention", "sliding_attention")
+MASK_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """The target's attention pattern: one entry per layer type present, `{type: window or None}`.
+
+    windows: e.g. `{"full_attention": None}` (Llama) or `{"full_attention": None, "sliding_attention": 4096}`.
+    implementation: `config._attn_implementation` ("sdpa", "eager", ...).
+    """
+
+    windows: dict[str, int | None]
+    implementation: str
+
+    @property
+    def needs_masks(self) -> bool:
+        """Whether verification needs position-based 4D masks (any sliding layer)."""
+        return any(window is not None for window in self.windows.values())
+
+
+def attention_layout(model) -> AttentionLayout:
+    """Read the target's layer types the way transformers' `DynamicCache(config=...)` does; refuse the rest.
+
+    Raises `ValueError` naming the reason for layer types DSpark cannot verify raggedly (linear attention /
+    recurrent states, chunked attention, shared-KV layers) and for sliding targets under an attention
+    implementation that takes no 4D mask.
+    """
+    config = model.config.get_text_config(decoder=True)
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
+    windows: dict[str, int | None] = {}
+    for layer_type, kwargs in zip(layer_types, layer_kwargs):
+        if layer_type not in MASKABLE_LAYERS:
+            raise ValueError(
+                f"DSpark cannot verify drafts on this target: it has {layer_type!r} layers. Ragged verification "
+                "keeps rejected drafts in the KV cache as masked holes, which needs attention layers whose cache "
+                "is a list of keys and values (full or sliding-window attention); recurrent / linear-attention "
+                "states, chunked attention and shared-KV layers cannot hide rejected tokens."
+            )
+        windows[layer_type] = kwargs.get("sliding_window")
+    implementation = getattr(config, "_attn_implementation", None) or "eager"
+    layout = AttentionLayout(windows, implementation)
+    if layout.needs_masks and implementation not in MASK_IMPLEMENTATIONS:
+        raise ValueError(
+            f"DSpark verifies this sliding-window target with 4D attention masks, which attn_implementation="
+            f"{implementation!r} does not take. Load the target with attn_implementation='sdpa' (or 'eager')."
+        )
+    return layout
+
+
+def new_target_cache(model) -> DynamicCache:
+    """An empty target cache for DSpark: full `DynamicLayer`s for every layer (sliding windows become masks)."""
+    attention_layout(model)
+    return DynamicCache()
+
+
+def slot_positions(valid: torch.Tensor) -> torch.Tensor:
+    """Positions of left-padded (or compacted) slots: pos = #valid slots before it; `[A, W]` → `[A, W]`."""
+    return (valid.long().cumsum(dim=1) - 1).clamp_min(0)
+
+
+def verification_masks(layout: AttentionLayout, key_valid: torch.Tensor, key_positions: torch.Tensor,
+                       query_positions: torch.Tensor, dtype: torch.dtype):
+    """4D masks `[A, 1, T, K]` for one forward: a tensor, or `{layer type: tensor}` for hybrid targets.
+
+    key_valid / key_positions: `[A, K]` (cached slots then the T new ones); query_positions: `[A, T]`. Each query
+    also sees its own slot, so padded query slots (never read) are never fully masked. Bool for sdpa, additive
+    (0 / dtype min) for eager, as transformers' own mask functions produce.
+    """
+    steps = query_positions.shape[1]
+    distance = query_positions[:, :, None] - key_positions[:, None, :]
+    visible = key_valid[:, None, :] & (distance >= 0)
+    own_slot = torch.zeros_like(visible)
+    own_slot[:, :, -steps:] = torch.eye(steps, dtype=torch.bool, device=visible.device)
+    masks = {}
+    for layer_type, window in layout.windows.items():
+        allowed = visible & (distance < window) if window is not None else visible
+        allowed = (allowed | own_slot)[:, None]
+        if layout.implementation == "eager":
+            allowed = torch.where(allowed, torch.zeros((), dtype=dtype, device=allowed.device),
+                                  torch.finfo(dtype).min)
+        masks[layer_type] = allowed
+    return next(iter(masks.values())) if len(masks) == 1 else masks
 
 
 @dataclass
@@ -22,19 +110,31 @@ class VerifyOutput:
 
 
 class RaggedTargetCache:
-    """Target KV cache plus a `[A, W]` validity mask and each row's next position."""
+    """Target KV cache plus a `[A, W]` validity mask, each slot's position and each row's next position.
+
+    Args:
+        cache: the target's cache after prefill; every layer a full `DynamicLayer` (see `new_target_cache`).
+        valid: `[A, W]` which slots hold committed tokens.
+        next_position: `[A]` position of each row's next token.
+        layout: the target's `AttentionLayout`; with sliding layers, forwards pass position-based 4D masks.
+        positions: `[A, W]` slot positions (default: `slot_positions(valid)`, right for left-padded prompts).
+    """
 
     def __init__(self, cache: DynamicCache, valid: torch.Tensor, next_position: torch.Tensor,
-                 compact_fraction: float = 0.25, compact_min_holes: int = 16) -> None:
+                 compact_fraction: float = 0.25, compact_min_holes: int = 16, layout: AttentionLayout | None = None,
+                 positions: torch.Tensor | None = None) -> None:
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise ValueError(
-                    f"DSpark's ragged verification needs full-attention dynamic cache layers; this target uses "
-                    f"{type(layer).__name__} (sliding window / linear attention), which is not supported yet."
+                    f"DSpark's ragged verification needs a cache of full DynamicLayers; this one has "
+                    f"{type(layer).__name__} layers. Prefill into hf_dspark.generation.target_cache."
+                    "new_target_cache(model) (sliding windows are applied as masks)."
                 )
         self.cache = cache
         self.valid = valid.bool()
         self.next_position = next_position.long()
+        self.layout = layout
+        self.positions = positions.long() if positions is not None else slot_positions(self.valid)
         self.compact_fraction = compact_fraction
         self.compact_min_holes = compact_min_holes
         self.compactions = 0
@@ -50,6 +150,10 @@ class RaggedTargetCache:
         steps = input_ids.shape[1]
         positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
         mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()
+        self.positions = torch.cat([self.positions, positions], dim=1)
+        if self.layout is not None and self.layout.needs_masks:
+            dtype = model.get_input_embeddings().weight.dtype
+            mask = verification_masks(self.layout, mask.bool(), self.positions, positions, dtype)
         out = model(
             input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
             output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),
@@ -85,6 +189,7 @@ class RaggedTargetCache:
             layer.keys = layer.keys.gather(2, index)
             layer.values = layer.values.gather(2, index)
         self.valid = self.valid.gather(1, order)
+        self.positions = self.positions.gather(1, order)
         self.compactions += 1
 
     def select_rows(self, rows: torch.Tensor) -> None:
@@ -93,6 +198,7 @@ class RaggedTargetCache:
             layer.keys = layer.keys.index_select(0, rows)
             layer.values = layer.values.index_select(0, rows)
         self.valid = self.valid.index_select(0, rows)
+        self.positions = self.positions.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)
         self.maybe_compact()
 
@@ -106,6 +212,8 @@ class RaggedTargetCache:
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.keys = torch.cat([pad(mine.keys, self.width), pad(theirs.keys, other.width)])
             mine.values = torch.cat([pad(mine.values, self.width), pad(theirs.values, other.width)])
+        self.positions = torch.cat([torch.nn.functional.pad(self.positions, (width - self.width, 0)),
+                                    torch.nn.functional.pad(other.positions, (width - other.width, 0))])
         left = torch.nn.functional.pad(self.valid, (width - self.width, 0))
         right = torch.nn.functional.pad(other.valid, (width - other.width, 0))
         self.valid = torch.cat([left, right])
