@@ -12,7 +12,6 @@ records into the JSON report and `plots` draws the figures.
 from __future__ import annotations
 
 import json
-import os
 import time
 import zlib
 from collections.abc import Iterator
@@ -28,7 +27,8 @@ from transformers.utils import logging
 from ..modeling_dspark import DSparkDrafter
 from .acceptance_metrics import leading_matches
 from .prompt_lookup import prompt_lookup_for
-from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
+from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names
+from .work_file import WorkFile, drafter_identity
 
 logger = logging.get_logger(__name__)
 
@@ -38,18 +38,22 @@ PROMPT_LOOKUP = "prompt_lookup"
 @dataclass
 class EvalConfig:
     """Args:
-    sets: JSONL prompt sets (`{"turns": [...]}` per line); a set's name is its file stem.
+    sets: JSONL prompt sets (`{"turns": [...]}` per line); a set's name is its file stem (with parent folders when
+        two files share a stem: `a/chat`, `b/chat`).
     temperature: 1.0 samples (top-k/top-p off); 0 decodes greedily.
     block_size: ℓ = γ for the main table (capped at each drafter's block size); None = each drafter's own.
     sweep_gammas: proposal lengths of the γ sweep (a drafter proposing fewer positions is skipped there).
     prompt_lookup: add the prompt-lookup drafter (any γ) next to the given drafters.
-    limit: prompts per set (None: all).
+    limit: prompts per set, >= 1 (None: all).
     max_new_tokens: tokens generated per turn.
     batch_size: prompts per generate call (τ is per row either way).
     seed: base seed of the sampling runs.
     threads: torch threads, pinned for the whole run.
-    out: JSON report path; figures `<stem>_*.png` and the work file `<stem>.work.jsonl` go beside it.
-    resume: reuse the records of the work file (False starts it afresh).
+    out: JSON report path; figures `<stem>_*.png` and the work file `<stem>.work.jsonl` go beside it. It may not
+        be a prompt file, nor an existing file other than an earlier report unless `overwrite`.
+    resume: reuse the records of the work file (False starts it afresh). A record is reused only when the settings
+        (`fingerprint`) and the drafter's weights and config (`drafter_identity`) match.
+    overwrite: replace an existing `out` that is not an `hf-dspark eval` report.
     """
 
     sets: list[str] = field(default_factory=list)
@@ -64,13 +68,24 @@ class EvalConfig:
     threads: int = 2
     out: str = "benchmarks/results/eval.json"
     resume: bool = True
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         check_prompt_files(self.sets)
+        set_names(self.sets)  # refuses a file given twice
         if self.temperature < 0 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError("temperature must be >= 0, max_new_tokens and batch_size >= 1")
         if (self.block_size is not None and self.block_size < 1) or any(g < 1 for g in self.sweep_gammas):
             raise ValueError("block sizes must be >= 1")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"limit (prompts per set) must be >= 1, got {self.limit}; omit it to use every prompt.")
+        check_output_path(self.out, self.sets)
+        check_output_path(self.work_path, self.sets, what="the work file of --out")
+        if not self.overwrite and Path(self.out).exists() and not _is_eval_report(Path(self.out)):
+            raise ValueError(
+                f"--out {self.out} exists and is not an hf-dspark eval report; choose another path or pass "
+                "--overwrite to replace it."
+            )
 
     @property
     def greedy(self) -> bool:
@@ -84,6 +99,14 @@ class EvalConfig:
     @property
     def work_path(self) -> Path:
         return Path(self.out).with_suffix(".work.jsonl")
+
+
+def _is_eval_report(path: Path) -> bool:
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(report, dict) and {"config", "table"} <= set(report)
 
 
 @dataclass
@@ -157,55 +180,6 @@ def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Te
             position += count
         out.append((rounds, logits if len(logits) == len(rounds) else None, position))
     return out
-
-
-# ---------------------------------------------------------------------------------------------- work file
-class WorkFile:
-    """Append-only JSONL of per-(drafter, ℓ, set, prompt, turn) records; records of other settings are ignored."""
-
-    def __init__(self, path: Path, fingerprint: str, resume: bool = True) -> None:
-        self.path, self.fingerprint = Path(path), fingerprint
-        self.records: dict[tuple, dict] = {}
-        if resume and self.path.is_file():
-            self._load()
-        elif self.path.exists():
-            self.path.unlink()
-
-    def _load(self) -> None:
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):  # drop a line cut by an interruption before appending again
-            with open(self.path, "r+b") as handle:
-                handle.truncate(data.rfind(b"\n") + 1)
-        ignored = 0
-        with open(self.path, encoding="utf-8") as handle:
-            for line in handle:
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    logger.warning(f"{self.path}: skipped a malformed line")
-                    continue
-                if record.get("fingerprint") != self.fingerprint:
-                    ignored += 1
-                    continue
-                self.records[self.key(record)] = record
-        if ignored:
-            logger.warning(f"{self.path}: ignored {ignored} record(s) of other settings than {self.fingerprint}")
-
-    @staticmethod
-    def key(record: dict) -> tuple:
-        return record["drafter"], record["verify_len"], record["set"], record["prompt"], record["turn"]
-
-    def get(self, *key) -> dict | None:
-        return self.records.get(tuple(key))
-
-    def append(self, record: dict) -> None:
-        record = {"fingerprint": self.fingerprint, **record}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        self.records[self.key(record)] = record
 
 
 # ---------------------------------------------------------------------------------------------- generation
@@ -320,7 +294,8 @@ def make_plans(config: EvalConfig, target, drafters: dict[str, DSparkDrafter]) -
 
 
 def load_sets(config: EvalConfig) -> dict[str, list[dict]]:
-    return {Path(path).stem: load_prompt_set(path)[: config.limit] for path in config.sets}
+    """{set name: items} (names from `prompts.set_names`), the first `config.limit` items of each file."""
+    return {name: load_prompt_set(path)[: config.limit] for name, path in zip(set_names(config.sets), config.sets)}
 
 
 def run_eval(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDrafter]) -> dict:
@@ -335,7 +310,9 @@ def run_eval(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDr
     start = time.perf_counter()
     sets = load_sets(config)
     plans, skipped = make_plans(config, target, drafters)
-    work = WorkFile(config.work_path, config.fingerprint, config.resume)
+    identities = {name: drafter_identity(drafter) for name, drafter in drafters.items()}
+    identities[PROMPT_LOOKUP] = PROMPT_LOOKUP  # rule-based (its unused weights are random): nothing to compare
+    work = WorkFile(config.work_path, config.fingerprint, config.resume, identities)
     for plan in plans:
         plan.drafter.eval()
         for set_name, items in sets.items():

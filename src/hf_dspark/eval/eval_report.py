@@ -33,8 +33,8 @@ DOMAINS = {"gsm8k": "math", "math500": "math", "aime25": "math", "humaneval": "c
 
 
 def domain_of(set_name: str) -> str:
-    """math / code / chat for the paper's sets, "other" for any other set."""
-    return DOMAINS.get(set_name, "other")
+    """math / code / chat for the paper's sets (also under a folder prefix, `a/gsm8k`), "other" for any other set."""
+    return DOMAINS.get(set_name.rsplit("/", 1)[-1], "other")
 
 
 def _records(work, plan, set_name: str, items: list[dict]) -> list[dict]:

@@ -17,6 +17,35 @@ def check_prompt_files(paths: list[str]) -> None:
             raise ValueError(f"prompt file {path} does not exist")
 
 
+def set_names(paths: list[str]) -> list[str]:
+    """One name per prompt file: its stem (`gsm8k`), or, where two files share a stem, as many parent folders as
+    tell them apart (`a/chat`, `b/chat`). The same file given twice is a `ValueError`."""
+    resolved = [Path(p).resolve() for p in paths]
+    twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
+    if twice:
+        raise ValueError(f"prompt file(s) {twice} given more than once")
+
+    def name(path: Path, depth: int) -> str:
+        return "/".join(path.with_suffix("").parts[-depth:])
+
+    names = []
+    for path in resolved:
+        depth = 1
+        while sum(name(other, depth) == name(path, depth) for other in resolved) > 1:
+            depth += 1
+        names.append(name(path, depth))
+    return names
+
+
+def check_output_path(out: str | Path, inputs: list[str], what: str = "--out") -> None:
+    """`ValueError` when `out` would overwrite one of the `inputs` (e.g. `--out data/eval/gsm8k.jsonl`)."""
+    target = Path(out).resolve()
+    for path in inputs:
+        if Path(path).resolve() == target:
+            raise ValueError(f"{what} {out} is the input file {path}; writing there would destroy it. Choose another "
+                             "path.")
+
+
 def load_prompt_set(path: str | Path) -> list[dict]:
     """Read a JSONL prompt set; every line must be an object with a non-empty list `turns` of strings."""
     items = []

@@ -1,0 +1,92 @@
+"""The resumable work file of `hf-dspark eval`: one JSON line per (drafter, ℓ, set, prompt, turn) record.
+
+A record is reused on resume only when it was written with the same settings (`EvalConfig.fingerprint`) and by the
+same drafter (`drafter_identity`: a digest of its class, config and weights), so a drafter retrained under the same
+name is evaluated afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+
+def drafter_identity(drafter: nn.Module) -> str:
+    """A digest of the drafter's class, config and every tensor: a retrained drafter under the same name differs."""
+    digest = hashlib.blake2b(digest_size=12)
+    config = drafter.config.to_dict()
+    config = {k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"}
+    digest.update(type(drafter).__qualname__.encode())
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(drafter.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class WorkFile:
+    """Append-only JSONL of per-(drafter, ℓ, set, prompt, turn) records; records of other settings are ignored, and
+    so are records of a drafter whose identity (`identities[name]`, see `drafter_identity`) has changed."""
+
+    def __init__(self, path: Path, fingerprint: str, resume: bool = True,
+                 identities: dict[str, str] | None = None) -> None:
+        self.path, self.fingerprint = Path(path), fingerprint
+        self.identities = dict(identities or {})
+        self.records: dict[tuple, dict] = {}
+        if resume and self.path.is_file():
+            self._load()
+        elif self.path.exists():
+            self.path.unlink()
+
+    def _load(self) -> None:
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):  # drop a line cut by an interruption before appending again
+            with open(self.path, "r+b") as handle:
+                handle.truncate(data.rfind(b"\n") + 1)
+        ignored, changed = 0, set()
+        with open(self.path, encoding="utf-8") as handle:
+            for line in handle:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    logger.warning(f"{self.path}: skipped a malformed line")
+                    continue
+                if record.get("fingerprint") != self.fingerprint:
+                    ignored += 1
+                    continue
+                expected = self.identities.get(record.get("drafter"))
+                if expected is not None and record.get("drafter_id") != expected:
+                    changed.add(record["drafter"])
+                    continue
+                self.records[self.key(record)] = record
+        if ignored:
+            logger.warning(f"{self.path}: ignored {ignored} record(s) of other settings than {self.fingerprint}")
+        if changed:
+            logger.warning(f"{self.path}: drafter(s) {sorted(changed)} changed since their records were written "
+                           "(other weights or config under the same name); evaluating them afresh")
+
+    @staticmethod
+    def key(record: dict) -> tuple:
+        return record["drafter"], record["verify_len"], record["set"], record["prompt"], record["turn"]
+
+    def get(self, *key) -> dict | None:
+        return self.records.get(tuple(key))
+
+    def append(self, record: dict) -> None:
+        record = {"fingerprint": self.fingerprint, **record}
+        if record["drafter"] in self.identities:
+            record["drafter_id"] = self.identities[record["drafter"]]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self.records[self.key(record)] = record

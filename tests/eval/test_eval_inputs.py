@@ -1,0 +1,106 @@
+"""`hf-dspark eval` inputs that used to give wrong results or destroy files silently: a retrained drafter under the
+same name resumed from old records, two prompt files with the same stem, `--limit -1`, `--out` onto an input."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_dspark.eval.accepted_length import EvalConfig, run_eval
+from hf_dspark.eval.eval_report import domain_of
+from hf_dspark.eval.prompts import set_names
+from hf_dspark.eval.work_file import drafter_identity
+from tests.helpers import make_drafter, make_target
+
+GAMMA = 4
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("llama", seed=5)
+
+
+def _config(sets, tmp_path, **overrides) -> EvalConfig:
+    fields = dict(sets=sets, max_new_tokens=6, batch_size=4, sweep_gammas=[], threads=1,
+                  out=str(tmp_path / "out" / "eval_tiny.json"))
+    fields.update(overrides)
+    return EvalConfig(**fields)
+
+
+def _count_rows(target, monkeypatch) -> list[int]:
+    rows = []
+    original = target.generate
+
+    def generate(input_ids, **kwargs):
+        rows.append(input_ids.shape[0])
+        return original(input_ids, **kwargs)
+
+    monkeypatch.setattr(target, "generate", generate)
+    return rows
+
+
+def test_a_retrained_drafter_under_the_same_name_is_evaluated_afresh(target, prompt_sets, chat_tokenizer,
+                                                                     tmp_path, monkeypatch, caplog):
+    old, retrained = make_drafter(target, seed=1, block_size=GAMMA), make_drafter(target, seed=2, block_size=GAMMA)
+    assert drafter_identity(old) != drafter_identity(retrained)
+    assert drafter_identity(old) == drafter_identity(make_drafter(target, seed=1, block_size=GAMMA))
+    run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": old})
+    rows = _count_rows(target, monkeypatch)
+    run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": old})
+    assert rows == []  # same drafter: everything resumed
+    report = run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": retrained})
+    assert rows == [3] and "changed since their records were written" in caplog.text
+    records = [json.loads(line) for line in (tmp_path / "out" / "eval_tiny.work.jsonl").read_text().splitlines()]
+    assert {r["drafter_id"] for r in records[-3:]} == {drafter_identity(retrained)}
+    assert report["table"]["dspark"]["sets"]["gsm8k"]["turns"] == 3
+
+
+def test_two_sets_with_the_same_stem_are_both_evaluated(target, prompt_sets, chat_tokenizer, tmp_path):
+    for folder, prompts in (("a", ["one", "two"]), ("b", ["three"])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "gsm8k.jsonl").write_text("\n".join(json.dumps({"turns": [p]}) for p in prompts))
+    sets = [str(tmp_path / "a" / "gsm8k.jsonl"), str(tmp_path / "b" / "gsm8k.jsonl"), prompt_sets[1]]
+    assert set_names(sets) == ["a/gsm8k", "b/gsm8k", "mt-bench"]
+    report = run_eval(_config(sets, tmp_path), target, chat_tokenizer, {"dspark": make_drafter(target)})
+    rows = report["table"]["dspark"]["sets"]
+    assert (rows["a/gsm8k"]["turns"], rows["b/gsm8k"]["turns"], rows["mt-bench"]["turns"]) == (2, 1, 4)
+    assert domain_of("a/gsm8k") == "math" and report["sets"]["b/gsm8k"]["domain"] == "math"
+    with pytest.raises(ValueError, match="given more than once"):
+        _config([sets[0], sets[0]], tmp_path)
+
+
+@pytest.mark.parametrize("limit", [-1, 0])
+def test_a_limit_below_one_is_refused(prompt_sets, tmp_path, limit):
+    with pytest.raises(ValueError, match=rf"limit \(prompts per set\) must be >= 1, got {limit}; omit it"):
+        _config(prompt_sets, tmp_path, limit=limit)
+
+
+def test_out_may_not_overwrite_an_input_or_a_foreign_file(target, prompt_sets, chat_tokenizer, tmp_path):
+    before = Path(prompt_sets[0]).read_text()
+    with pytest.raises(ValueError, match="is the input file"):
+        _config(prompt_sets, tmp_path, out=prompt_sets[0])
+    with pytest.raises(ValueError, match="the work file of --out"):  # <stem>.work.jsonl would be the input
+        _config([*prompt_sets, str(_jsonl(tmp_path))], tmp_path, out=str(tmp_path / "x.json"))
+    assert Path(prompt_sets[0]).read_text() == before
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    with pytest.raises(ValueError, match=r"not an hf-dspark eval report.*--overwrite"):
+        _config(prompt_sets, tmp_path, out=str(notes))
+    config = _config(prompt_sets[:1], tmp_path, out=str(notes), overwrite=True, limit=1)
+    run_eval(config, target, chat_tokenizer, {"dspark": make_drafter(target)})
+    _config(prompt_sets[:1], tmp_path, out=str(notes))  # now an eval report: rerunning into it is fine
+
+
+def _jsonl(tmp_path):
+    path = tmp_path / "x.work.jsonl"
+    path.write_text(json.dumps({"turns": ["hi"]}) + "\n")
+    return path
+
+
+def test_identity_covers_dtype_and_config(target):
+    drafter = make_drafter(target)
+    before = drafter_identity(drafter)
+    drafter.config.calibration_temperatures = [2.0] * drafter.config.block_size
+    assert drafter_identity(drafter) != before
+    assert drafter_identity(make_drafter(target).to(torch.bfloat16)) != drafter_identity(make_drafter(target))
