@@ -93,7 +93,7 @@ def test_prepare_data_regenerates_all_turns_and_resumes(tmp_path, byte_tokenizer
     shards = sorted(out.glob("shard-*.jsonl"))
     assert [p.name for p in shards] == ["shard-00000.jsonl", "shard-00001.jsonl"]
     records = [json.loads(line) for p in shards for line in p.read_text().splitlines()]
-    assert [r["id"] for r in records] == ["prompts:0", "prompts:1", "prompts:2"]
+    assert [r["id"].rsplit(":", 1)[0] for r in records] == ["prompts:0", "prompts:1", "prompts:2"]
     two_turns = records[1]
     assert len(two_turns["responses"]) == 2 == len(two_turns["truncated"])
     assert not list(out.glob(".*tmp*"))
@@ -103,7 +103,7 @@ def test_prepare_data_regenerates_all_turns_and_resumes(tmp_path, byte_tokenizer
     write_jsonl(prompts, [{"turns": ["hello"]}, {"turns": ["a", "b"]}, {"turns": ["xyz"]}, {"turns": ["new"]}])
     prepare_data(config, model=model, tokenizer=byte_tokenizer)
     newest = json.loads((out / "shard-00002.jsonl").read_text())
-    assert newest["id"] == "prompts:3"
+    assert newest["id"].startswith("prompts:3:")
     dataset = build_dataset(load_conversations([out]), byte_tokenizer, max_new_tokens=4, min_loss_tokens=0)
     assert len(dataset) == 4
 
@@ -127,4 +127,4 @@ def test_prepare_data_command_line(tmp_path, byte_tokenizer):
             "--extra_generate_kwargs", '{"repetition_penalty": 1.1}']
     assert main(argv) == 0
     records = load_conversations([tmp_path / "out"])
-    assert [r["id"] for r in records] == ["p:0", "p:1"] and all(len(r["responses"]) == 1 for r in records)
+    assert [r["id"][:4] for r in records] == ["p:0:", "p:1:"] and all(len(r["responses"]) == 1 for r in records)

@@ -8,6 +8,7 @@ skips every prompt id already present, so an interrupted run resumes where the l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -99,9 +100,18 @@ def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):
     return model, tokenizer
 
 
+def prompt_id(stem: str, index: int, turns: list[str]) -> str:
+    """`<file stem>:<line index>:<digest of the turns>`: stable across reruns, distinct for two files that share a
+    stem (or a file edited since), equal only for the same prompt at the same place."""
+    digest = hashlib.sha256(json.dumps(turns, ensure_ascii=False).encode("utf-8")).hexdigest()[:12]
+    return f"{stem}:{index}:{digest}"
+
+
 def read_prompts(config: PrepareDataConfig) -> list[dict[str, Any]]:
-    """All prompts as `{"id", "source", "turns"}`, ids `<file stem>:<line index>` (stable across reruns)."""
-    prompts = []
+    """All prompts as `{"id", "source", "turns", "legacy_id"}` (ids from `prompt_id` unless the line has its own
+    `id`; `legacy_id` is the `<stem>:<index>` id of earlier versions). A repeated prompt is taken once; two
+    different prompts under one explicit `id` are a `ValueError`."""
+    prompts: dict[str, dict[str, Any]] = {}
     for path in expand_jsonl_paths(config.inputs):
         for index, record in enumerate(iter_jsonl(path)):
             if config.max_prompts_per_file is not None and index >= config.max_prompts_per_file:
@@ -109,20 +119,48 @@ def read_prompts(config: PrepareDataConfig) -> list[dict[str, Any]]:
             turns = record.get("turns")
             if not turns or not all(isinstance(t, str) for t in turns):
                 raise ValueError(f"{path} line {index + 1} needs a non-empty list of strings under 'turns'.")
-            prompts.append({"id": record.get("id", f"{path.stem}:{index}"), "source": path.stem, "turns": turns})
-    return prompts
+            own = record.get("id")
+            prompt = {"id": str(own) if own is not None else prompt_id(path.stem, index, turns), "source": path.stem,
+                      "turns": turns, "legacy_id": None if own is not None else f"{path.stem}:{index}",
+                      "where": f"{path} line {index + 1}"}
+            seen = prompts.setdefault(prompt["id"], prompt)
+            if seen is not prompt and seen["turns"] != turns:
+                raise ValueError(f"{prompt['where']} reuses the id {own!r} of {seen['where']} for another prompt; "
+                                 "give every line its own id (or none).")
+    return [{k: v for k, v in p.items() if k != "where"} for p in prompts.values()]
 
 
-def existing_shards(output_dir: Path) -> tuple[set[str], int]:
-    """Ids already written and the next free shard number."""
-    done: set[str] = set()
+def existing_shards(output_dir: Path) -> tuple[dict[str, list[str]], int]:
+    """{id: user turns} of the conversations already written, and the next free shard number."""
+    done: dict[str, list[str]] = {}
     next_shard = 0
     for path in sorted(output_dir.glob("shard-*.jsonl")):
         match = SHARD_PATTERN.search(path.name)
         if match:
             next_shard = max(next_shard, int(match.group(1)) + 1)
-            done.update(record["id"] for record in iter_jsonl(path))
+            done.update((record.get("id"), record.get("turns") or []) for record in iter_jsonl(path))
     return done, next_shard
+
+
+def _check_output_dir(output_dir: Path, inputs: list[str]) -> None:
+    """Refuse an output folder that is an input folder, or holds an input file: a rerun would read the shards back
+    as prompts."""
+    out = output_dir.resolve()
+    for given in inputs:
+        path = Path(given).resolve()
+        if path == out or out in path.parents:
+            raise ValueError(f"output_dir {output_dir} holds the input {given}; write the shards to another folder.")
+
+
+def already_done(prompt: dict[str, Any], done: dict[str, list[str]]) -> bool:
+    """Whether `prompt` is in the shards: by its id, or (shards of earlier versions) by its `<stem>:<index>` id
+    with the same user turns (stored cut to `max_prompt_tokens`, so a stored turn may be a prefix of the input)."""
+    if prompt["id"] in done:
+        return True
+    stored = done.get(prompt["legacy_id"]) if prompt["legacy_id"] else None
+    if stored is None or len(stored) != len(prompt["turns"]):
+        return False
+    return all(turn.startswith(cut.rstrip("\ufffd")) for turn, cut in zip(prompt["turns"], stored))
 
 
 def _cut_prompt(tokenizer, text: str, max_tokens: int) -> str:
@@ -198,10 +236,11 @@ def prepare_data(config: PrepareDataConfig, model=None, tokenizer=None) -> Path:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     output_dir = Path(config.output_dir)
+    _check_output_dir(output_dir, config.inputs)
     output_dir.mkdir(parents=True, exist_ok=True)
     prompts = read_prompts(config)
     done, shard = existing_shards(output_dir)
-    pending = [p for p in prompts if p["id"] not in done]
+    pending = [p for p in prompts if not already_done(p, done)]
     logger.warning(f"prepare-data: {len(prompts)} prompts, {len(prompts) - len(pending)} already done")
     if not pending:
         return output_dir
@@ -214,6 +253,7 @@ def prepare_data(config: PrepareDataConfig, model=None, tokenizer=None) -> Path:
             records = regenerate_chunk(model, tokenizer, chunk, config, config.seed + 1_000_003 * shard, bar)
             order = {p["id"]: i for i, p in enumerate(chunk)}
             records.sort(key=lambda r: order[r["id"]])
+            records = [{k: v for k, v in r.items() if k != "legacy_id"} for r in records]
             write_jsonl_atomic(output_dir / f"shard-{shard:05d}.jsonl", records)
             shard += 1
     return output_dir
