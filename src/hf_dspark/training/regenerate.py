@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,22 @@ from .data import expand_jsonl_paths, iter_jsonl, write_jsonl_atomic
 logger = logging.get_logger(__name__)
 
 SHARD_PATTERN = re.compile(r"shard-(\d+)\.jsonl$")
+
+
+def parse_generate_kwargs(extra: str | dict | None) -> dict[str, Any]:
+    """`extra_generate_kwargs` as a dict; a string must be a JSON object (the error names the option and problem)."""
+    if not isinstance(extra, str):
+        return dict(extra or {})
+    try:
+        parsed = json.loads(extra)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"extra_generate_kwargs is not valid JSON ({error.msg} at column {error.colno}): {extra!r}; "
+            """pass a JSON object, e.g. '{"repetition_penalty": 1.1}'."""
+        ) from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"extra_generate_kwargs must be a JSON object, got a {type(parsed).__name__}: {extra!r}.")
+    return parsed
 
 
 @dataclass
@@ -50,29 +66,50 @@ class PrepareDataConfig:
             `'{"repetition_penalty": 1.1}'` (a dict is accepted too from Python).
     """
 
-    inputs: list[str]
-    output_dir: str
-    target: str | None = None
-    gguf_file: str | None = None
-    dtype: str = "bfloat16"
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int | None = None
-    max_new_tokens: int = 256
-    max_prompt_tokens: int = 512
-    system_prompt: str | None = None
-    batch_size: int = 8
-    shard_size: int = 256
-    max_prompts_per_file: int | None = None
-    seed: int = 0
-    num_threads: int | None = None
-    extra_generate_kwargs: str | None = None
+    inputs: list[str] = field(
+        metadata={"help": "Prompt JSONL files or folders of them (one {\"turns\": [...]} object per line)."}
+    )
+    output_dir: str = field(metadata={"help": "Folder receiving shard-NNNNN.jsonl files (created if missing)."})
+    target: str | None = field(
+        default=None,
+        metadata={"help": "Target model path or Hub id (default: the embedded SmolLM2-135M-Instruct GGUF)."},
+    )
+    gguf_file: str | None = field(
+        default=None, metadata={"help": "GGUF file name inside --target when it is a GGUF folder."}
+    )
+    dtype: str = field(default="bfloat16", metadata={"help": "Target dtype: bfloat16, float16 or float32."})
+    temperature: float = field(default=0.7, metadata={"help": "Sampling temperature of the replies (0: greedy)."})
+    top_p: float = field(default=0.9, metadata={"help": "Nucleus sampling mass of the replies."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling of the replies (default: off)."})
+    max_new_tokens: int = field(
+        default=256, metadata={"help": "Reply length limit (a reply that hits it is marked truncated)."}
+    )
+    max_prompt_tokens: int = field(
+        default=512, metadata={"help": "User turns longer than this are cut to this many tokens."}
+    )
+    system_prompt: str | None = field(
+        default=None, metadata={"help": "System message (default: the chat template's own)."}
+    )
+    batch_size: int = field(default=8, metadata={"help": "Prompts generated together (left padding)."})
+    shard_size: int = field(
+        default=256, metadata={"help": "Conversations per output shard (an interruption loses at most one shard)."}
+    )
+    max_prompts_per_file: int | None = field(
+        default=None, metadata={"help": "Take only the first n prompts of each input file (default: all)."}
+    )
+    seed: int = field(
+        default=0, metadata={"help": "Base seed; batch b of shard s samples with seed + 1_000_003·s + b."}
+    )
+    num_threads: int | None = field(default=None, metadata={"help": "torch CPU threads (default: torch's own)."})
+    extra_generate_kwargs: str | None = field(
+        default=None,
+        metadata={"help": "More generate() arguments as a JSON object, e.g. '{\"repetition_penalty\": 1.1}'."},
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.inputs, (str, Path)):
             self.inputs = [str(self.inputs)]
-        extra = self.extra_generate_kwargs or {}
-        self.generate_kwargs: dict[str, Any] = json.loads(extra) if isinstance(extra, str) else dict(extra)
+        self.generate_kwargs: dict[str, Any] = parse_generate_kwargs(self.extra_generate_kwargs)
         if not self.inputs:
             raise ValueError("inputs is empty; pass prompt JSONL files, e.g. data/train/gsm8k_train.jsonl.")
         if self.dtype not in ("bfloat16", "float32", "float16"):

@@ -53,24 +53,65 @@ class DSparkTrainConfig:
     """
 
     data: list[str] = field(default_factory=list, metadata={"help": "Regenerated conversation JSONL files/dirs."})
-    target: str | None = None
-    gguf_file: str | None = None
-    target_dtype: str = "float32"
-    init_drafter: str | None = None
-    block_size: int = 7
-    num_hidden_layers: int = 2
-    head_type: str = "markov"
-    markov_rank: int = 256
-    target_layer_ids: list[int] | None = None
-    use_confidence_head: bool = True
-    confidence_with_markov: bool = True
-    mask_token_id: int | None = None
-    max_length: int = 1024
-    max_new_tokens: int = 256
-    validation_fraction: float = 0.02
-    max_examples: int | None = None
-    num_threads: int | None = None
-    feature_cache_batch_size: int = 4
+    target: str | None = field(
+        default=None,
+        metadata={"help": "Target model path or Hub id (default: the embedded SmolLM2-135M-Instruct GGUF)."},
+    )
+    gguf_file: str | None = field(
+        default=None, metadata={"help": "GGUF file name inside --target when it is a GGUF folder."}
+    )
+    target_dtype: str = field(
+        default="float32",
+        metadata={"help": "dtype of the frozen target and of the training drafter: float32, bfloat16 or float16."},
+    )
+    init_drafter: str | None = field(
+        default=None,
+        metadata={"help": "Start from this trained drafter folder (its config then fixes the drafter fields)."},
+    )
+    block_size: int = field(default=7, metadata={"help": "γ, draft tokens proposed per round by a fresh drafter."})
+    num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers of a fresh drafter."})
+    head_type: str = field(
+        default="markov",
+        metadata={"help": "Sequential head of a fresh drafter: markov (Eq. 5), rnn (Eq. 6) or none (DFlash-style)."},
+    )
+    markov_rank: int = field(
+        default=256,
+        metadata={"help": "Rank r of the Markov/RNN head's factorisation W1, W2 (V×r) of a fresh drafter."},
+    )
+    target_layer_ids: list[int] | None = field(
+        default=None,
+        metadata={"help": "0-based target layers whose outputs form the features (Eq. 2; default: 5 spread evenly)."},
+    )
+    use_confidence_head: bool = field(
+        default=True, metadata={"help": "Give a fresh drafter a confidence head (Eq. 7; the scheduler needs it)."}
+    )
+    confidence_with_markov: bool = field(
+        default=True, metadata={"help": "Let the confidence head also see W1[x_{k-1}] (needs a markov or rnn head)."}
+    )
+    mask_token_id: int | None = field(
+        default=None,
+        metadata={"help": "Token whose target embedding fills the mask slots (default: a learned mask embedding)."},
+    )
+    max_length: int = field(
+        default=1024, metadata={"help": "Tokens per training sequence (longer ones are cut from the right)."}
+    )
+    max_new_tokens: int = field(
+        default=256,
+        metadata={"help": "Generation limit of the data; marks truncated replies in files without 'truncated'."},
+    )
+    validation_fraction: float = field(
+        default=0.02,
+        metadata={"help": "Share of conversations held out as the eval dataset (deterministic in --seed)."},
+    )
+    max_examples: int | None = field(
+        default=None, metadata={"help": "Use only the first n conversations (smoke runs)."}
+    )
+    num_threads: int | None = field(
+        default=None, metadata={"help": "torch CPU threads per process (default: torch's own)."}
+    )
+    feature_cache_batch_size: int = field(
+        default=4, metadata={"help": "Target batch size while building an offline feature cache."}
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.data, (str, Path)):

@@ -1,0 +1,117 @@
+"""Bad command-line input is refused before any model is loaded, with a message naming the option (exit 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_dspark.cli import bench, demo, main
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Loading a target would mean validation came too late: make it fail the test."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were validated")
+
+    monkeypatch.setattr(demo, "load_target", forbidden)
+    monkeypatch.setattr(bench, "load_target", forbidden)
+
+
+def _usage_error(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1, got 0"),
+        (["--threads", "two"], "--threads: expected an integer >= 1, got 'two'"),
+        (["--prompt", "  "], "--prompt is empty"),
+        (["--drafter", "no/such/folder"], "--drafter no/such/folder: no such folder"),
+    ],
+)
+def test_demo_validates_before_loading(argv, expected, capsys, no_model_load):
+    err = _usage_error(["demo", *argv], capsys)
+    assert err.startswith("usage: hf-dspark demo")
+    assert expected in err
+
+
+def test_demo_refuses_a_folder_without_config(tmp_path, capsys, no_model_load):
+    err = _usage_error(["demo", "--drafter", str(tmp_path)], capsys)
+    assert f"--drafter {tmp_path}: no config.json" in err
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    path = tmp_path / "set.jsonl"
+    path.write_text(json.dumps({"turns": ["hi"]}) + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--policies", "fixed", "bogus"], "unknown policies ['bogus']"),
+        (["--threshold", "5"], "--threshold: expected a number in [0, 1], got 5.0"),
+        (["--concurrency", "4", "0"], "--concurrency: expected an integer >= 1, got 0"),
+        (["--arrival-rate", "-1"], "--arrival-rate: expected a finite number > 0, got -1"),
+        (["--sets", "missing.jsonl"], "--sets: no such file(s): missing.jsonl"),
+        (["--drafter", "missing_drafter_dir/x/y"], "no such folder"),
+    ],
+)
+def test_bench_serve_validates_before_loading(argv, expected, prompt_file, capsys, no_model_load):
+    sets = [] if "--sets" in argv else ["--sets", prompt_file]
+    err = _usage_error(["bench", "serve", *sets, *argv], capsys)
+    assert err.startswith("usage: hf-dspark bench serve")
+    assert expected in err
+
+
+def test_bench_serve_names_a_malformed_prompt_line(tmp_path, capsys, no_model_load):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["ok"]}\n{"turns": [oops]}\n')
+    err = _usage_error(["bench", "serve", "--sets", str(bad)], capsys)
+    assert f"{bad}:2 is not valid JSON" in err
+
+
+def test_bench_speed_validates_before_loading(capsys, no_model_load):
+    err = _usage_error(["bench", "speed", "--sets", "missing.jsonl"], capsys)
+    assert "--sets: no such file(s): missing.jsonl" in err
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("{bad", "extra_generate_kwargs is not valid JSON (Expecting property name enclosed in double quotes"),
+        ("[1, 2]", "extra_generate_kwargs must be a JSON object, got a list"),
+    ],
+)
+def test_prepare_data_names_malformed_extra_generate_kwargs(value, expected, prompt_file, tmp_path, capsys):
+    err = _usage_error(["prepare-data", "--inputs", prompt_file, "--output_dir", str(tmp_path / "out"),
+                        "--extra_generate_kwargs", value], capsys)
+    assert err.startswith("usage: hf-dspark prepare-data")
+    assert expected in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('{"batch_tokens": [1, 2],\n "steps_per_second": [3.0, }',
+         "is not valid JSON: Expecting value at line 2, column"),
+        ("[1, 2]", "must hold a JSON object, got a list"),
+        ('{"batch_tokens": [1, 2]}', "is not a step curve: A step curve needs 'batch_tokens' and 'steps_per_second'"),
+    ],
+)
+def test_export_names_a_malformed_step_curve(content, expected, tmp_path, capsys):
+    curve = tmp_path / "curve.json"
+    curve.write_text(content)
+    err = _usage_error(["export", "--drafter", str(tmp_path), "--step-curve", str(curve), str(tmp_path / "out")],
+                       capsys)
+    assert f"argument --step-curve: {curve} {expected}" in err
+    assert not (tmp_path / "out").exists()
