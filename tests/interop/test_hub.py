@@ -4,12 +4,16 @@ import json
 import os
 import subprocess
 import sys
+from importlib import resources
 from pathlib import Path
 
+import pytest
 import torch
+from huggingface_hub import ModelCard
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.interop import save_for_hub, write_model_card
+from hf_dspark.interop.hub import card_template
 from tests.helpers import make_drafter, make_target
 
 FACTS = dict(
@@ -20,20 +24,6 @@ FACTS = dict(
     license="apache-2.0",
     repo_id="someone/smollm2-dspark",
 )
-
-
-def _front_matter(readme: str) -> dict[str, object]:
-    head = readme.split("---\n")[1]
-    meta, key = {}, None
-    for line in head.splitlines():
-        if line.startswith("  - "):
-            meta.setdefault(key, []).append(line[4:])
-        else:
-            key, _, value = line.partition(": ")
-            key = key.rstrip(":")
-            if value:
-                meta[key] = value
-    return meta
 
 
 def test_save_for_hub_writes_a_self_describing_folder(tmp_path):
@@ -50,15 +40,15 @@ def test_save_for_hub_writes_a_self_describing_folder(tmp_path):
     assert "from hf_dspark.modeling_dspark import DSparkDrafter" in shim and "import os" not in shim
 
     readme = (out / "README.md").read_text()
-    meta = _front_matter(readme)
-    assert meta["license"] == "apache-2.0" and meta["base_model"] == FACTS["base_model"]
-    assert meta["library_name"] == "transformers" and "speculative-decoding" in meta["tags"]
-    assert meta["datasets"] == FACTS["training_data"]
+    meta = ModelCard.load(out / "README.md").data  # the Hub's own parser reads the metadata back
+    assert meta.license == "apache-2.0" and meta.base_model == FACTS["base_model"]
+    assert meta.library_name == "transformers" and "speculative-decoding" in meta.tags
+    assert meta.datasets == FACTS["training_data"]
     for needle in ("HuggingFaceH4/ultrachat_200k", "2.5 CPU-hours, 3000 steps", "| gsm8k | 3.21 | 2.88 |",
                    "| eval set | greedy | T=0.7 |", "assistant_model=drafter",
                    'DSparkDrafter.from_pretrained("someone/smollm2-dspark", target=target)', "γ = 4"):
         assert needle in readme, needle
-    assert "$" not in readme  # every template placeholder was filled
+    assert "{{" not in readme and "{%" not in readme  # every template placeholder was filled
 
     loaded = DSparkDrafter.from_pretrained(out, target=target)
     for (name, a), (_, b) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
@@ -71,6 +61,19 @@ def test_model_card_without_facts_says_what_is_missing(tmp_path):
     drafter.save_pretrained(tmp_path)
     readme = write_model_card(drafter, tmp_path).read_text()
     assert "_Not measured yet._" in readme and "_not recorded_" in readme and "license: apache-2.0" in readme
+    assert ModelCard.load(tmp_path / "README.md").data.datasets is None
+
+
+def test_card_template_is_package_data():
+    """The template ships inside the package (a wheel install has no repository folders)."""
+    text = resources.files("hf_dspark").joinpath("templates", "dspark_drafter_card.md").read_text()
+    assert text == card_template() and "{{ card_data }}" in text
+
+
+def test_a_custom_template_path_must_exist(tmp_path):
+    drafter = make_drafter(make_target("llama"))
+    with pytest.raises(FileNotFoundError, match=r"missing\.md not found"):
+        write_model_card(drafter, tmp_path, template=tmp_path / "missing.md")
 
 
 def test_trust_remote_code_loads_the_folder_offline_in_a_fresh_process(tmp_path):

@@ -12,18 +12,19 @@ message when the package is missing.
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
-from string import Template
 from typing import Any
 
+from huggingface_hub import ModelCard, ModelCardData
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
 REMOTE_CODE_FILE = "hf_dspark_auto.py"
 AUTO_MAP = {"AutoConfig": "hf_dspark_auto.DSparkConfig", "AutoModel": "hf_dspark_auto.DSparkDrafter"}
-TEMPLATE_NAME = "dspark_drafter.md"
-_REPO_TEMPLATES = Path(__file__).resolve().parents[3] / "model_cards"
+TEMPLATE_NAME = "dspark_drafter_card.md"  # a Jinja template shipped as package data in hf_dspark/templates/
+CARD_TAGS = ["dspark", "speculative-decoding", "draft-model", "hf-dspark"]
 
 _REMOTE_CODE = '''"""Remote-code entry point for transformers' auto classes (written by hf-dspark).
 
@@ -104,12 +105,16 @@ repo's `hf_dspark_auto.py` only imports the package); bind it with `drafter.bind
 SGLang or TensorRT-LLM, convert it with `hf-dspark export --format deepspec --drafter {repo_id} OUT`.'''
 
 
-def _front_matter(base_model: str, license: str, datasets: list[str]) -> str:
-    lines = [f"license: {license}", f"base_model: {base_model}", "library_name: transformers",
-             "tags:", "  - dspark", "  - speculative-decoding", "  - draft-model", "  - hf-dspark"]
-    if datasets:
-        lines += ["datasets:"] + [f"  - {d}" for d in datasets]
-    return "\n".join(lines)
+def card_data(base_model: str, license: str, datasets: list[str]) -> ModelCardData:
+    """The card's YAML metadata: license, base model, library, tags and the Hub dataset ids among `datasets`."""
+    hub_ids = [d for d in datasets if "/" in d and " " not in d]
+    return ModelCardData(license=license, base_model=base_model, library_name="transformers", tags=list(CARD_TAGS),
+                         datasets=hub_ids or None)
+
+
+def card_template() -> str:
+    """Text of the packaged model-card template (`hf_dspark/templates/dspark_drafter_card.md`)."""
+    return resources.files("hf_dspark").joinpath("templates", TEMPLATE_NAME).read_text(encoding="utf-8")
 
 
 def write_model_card(
@@ -128,25 +133,27 @@ def write_model_card(
     reproduce: str | None = None,
     usage: str | None = None,
 ) -> Path:
-    """Write README.md (a Hub model card) for a drafter folder from the `model_cards/` template.
+    """Write README.md (a Hub model card, `huggingface_hub.ModelCard`) for a drafter folder.
 
     `training_data`: a description or a list of Hub dataset ids (also listed in the card metadata); `budget`: e.g.
     "3 GPU-hours on 1×H100, 20k steps"; `tau_table`: {"gsm8k": 3.4} or {"gsm8k": {"greedy": 3.4, "T=1": 3.1}};
     `notes`: markdown under the τ table (how it was measured); `reproduce`: markdown with the exact commands;
-    `usage`: markdown replacing the default Hub usage snippet.
+    `usage`: markdown replacing the default Hub usage snippet; `template`: a Jinja card template replacing the
+    packaged one (same variables).
     """
     out = Path(out_dir)
-    path = Path(template) if template is not None else _REPO_TEMPLATES / TEMPLATE_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"Model card template {path} not found; pass template= the path of {TEMPLATE_NAME}.")
+    if template is not None and not Path(template).is_file():
+        raise FileNotFoundError(f"Model card template {template} not found; omit template= to use the packaged one.")
+    template_text = Path(template).read_text(encoding="utf-8") if template is not None else card_template()
     config = drafter.config
     bound = getattr(drafter, "_bound", None)
     base_model = base_model or (bound.name_or_path if bound else "") or (config.target_model_type or "unknown")
     repo_id = repo_id or out.name
     datasets = [training_data] if isinstance(training_data, str) else list(training_data or [])
     url = base_model if base_model.startswith(("http://", "https://")) else f"https://huggingface.co/{base_model}"
-    card = Template(path.read_text()).substitute(
-        front_matter=_front_matter(base_model, license, [d for d in datasets if "/" in d and " " not in d]),
+    card = ModelCard.from_template(
+        card_data(base_model, license, datasets),
+        template_str=template_text,
         title=title or f"DSpark drafter for {base_model}",
         base_model=base_model,
         base_model_url=url,
@@ -160,7 +167,7 @@ def write_model_card(
         reproduce=reproduce or "_not recorded_",
         license_text=f"`{license}`; the target model's own license also applies to its use.",
     )
-    (out / "README.md").write_text(card)
+    card.save(out / "README.md")
     return out / "README.md"
 
 
