@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
 from ..configuration_dspark import HEAD_TYPES, DSparkConfig
 from ..modeling_dspark import DSparkDrafter
+from .checkpoints import check_output_dir, checkpoint_problem, last_complete_checkpoint
 from .data import DSparkDataset, build_dataset, load_conversations, split_validation
 from .features import TargetFeatureProvider, build_feature_cache
 from .trainer import DSparkTrainer, DSparkTrainingArguments
@@ -170,15 +170,33 @@ def build_drafter(config: DSparkTrainConfig, target) -> DSparkDrafter:
     return drafter
 
 
-def _resume_path(args: DSparkTrainingArguments) -> str | bool | None:
-    """`resume_from_checkpoint`: a path, or `auto`/`last`/`true` for the newest checkpoint in output_dir if any."""
+def _resume_path(args: DSparkTrainingArguments) -> str | None:
+    """`resume_from_checkpoint`: a path, or `auto`/`last`/`true` for the newest complete checkpoint in output_dir if
+    any (incomplete ones, e.g. cut short by a kill, are skipped). An incomplete explicit path is a `ValueError`."""
     value = args.resume_from_checkpoint
-    if isinstance(value, str) and value.lower() in ("auto", "last", "true"):
-        last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    if value is True or (isinstance(value, str) and value.lower() in ("auto", "last", "true")):
+        last = last_complete_checkpoint(args.output_dir)
         if last is None:
-            logger.warning(f"no checkpoint in {args.output_dir}; starting from scratch")
+            logger.warning(f"no complete checkpoint in {args.output_dir}; starting from scratch")
         return last
-    return value
+    if value in (None, False, "") or (isinstance(value, str) and value.lower() in ("false", "none")):
+        return None
+    problem = checkpoint_problem(value) if os.path.isdir(value) else "no such folder"
+    if problem:
+        raise ValueError(f"resume_from_checkpoint {value} is not a complete checkpoint: {problem}.")
+    return str(value)
+
+
+def _check_examples(config: DSparkTrainConfig, records: list, usable: int, train_count: int) -> None:
+    """Refuse before the Trainer does ("num_samples=0") when no conversation is left to train on, saying why."""
+    if train_count:
+        return
+    held_out = f"; {usable} went to validation (validation_fraction={config.validation_fraction})" if usable else ""
+    raise ValueError(
+        f"no training examples: {len(records)} conversation(s) read from {config.data}, {usable} with at least 2 "
+        f"reply tokens within max_length={config.max_length}{held_out}. Check that the files hold regenerated "
+        "replies (responses), raise max_length, or add data."
+    )
 
 
 def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTrainer:
@@ -190,11 +208,15 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     set_seed(args.seed)
+    resume = _resume_path(args)
+    with args.main_process_first(desc="checking output_dir"):
+        check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None)
     target, tokenizer = load_training_target(config)
     drafter = build_drafter(config, target)
     records = load_conversations(config.data)[: config.max_examples]
     dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
     train_examples, val_examples = split_validation(dataset.examples, config.validation_fraction, args.seed)
+    _check_examples(config, records, len(dataset), len(train_examples))
     train_set = DSparkDataset(train_examples)
     eval_set = DSparkDataset(val_examples) if val_examples else None
     if args.process_index == 0:
@@ -214,7 +236,7 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
         model=drafter, args=args, target=target, feature_provider=provider, pad_token_id=pad_id,
         train_dataset=train_set, eval_dataset=eval_set,
     )
-    trainer.train(resume_from_checkpoint=_resume_path(args))
+    trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(args.output_dir)
     return trainer
 

@@ -10,6 +10,8 @@ logging integrations) is the stock Trainer.
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,10 +19,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from transformers.utils import logging
 
 from ..draft_vocab import target_to_draft_index
 from ..losses import IGNORE_INDEX, DSparkLossOutput, dspark_loss
+from .checkpoints import publish_checkpoint, staging_dir
 from .collator import DSparkCollator
 from .features import TargetFeatureProvider, target_probs_at
 
@@ -41,6 +45,8 @@ class DSparkTrainingArguments(TrainingArguments):
         remove_unused_columns: defaults to False here: the batch keys are not the drafter's forward arguments.
         stop_after_steps: end training (with a checkpoint) after this many optimizer steps while the learning-rate
             schedule keeps following `max_steps`: a budget cut that stays comparable across runs and resumes.
+        overwrite_output_dir: train into an `output_dir` that already holds a trained model or checkpoints (its
+            checkpoints are removed first); without it `train` refuses such a folder unless it resumes.
     """
 
     alpha_ce: float = field(default=0.1, metadata={"help": "α_ce, weight of the cross-entropy loss (Eq. 11)."})
@@ -52,6 +58,9 @@ class DSparkTrainingArguments(TrainingArguments):
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep False for DSpark batches."})
     stop_after_steps: int | None = field(
         default=None, metadata={"help": "Stop (and save) after this many steps; the LR schedule follows max_steps."}
+    )
+    overwrite_output_dir: bool = field(
+        default=False, metadata={"help": "Replace a finished run in output_dir (default: refuse unless resuming)."}
     )
 
     def __post_init__(self) -> None:
@@ -187,6 +196,34 @@ class DSparkTrainer(Trainer):
         with torch.no_grad():
             loss = self.compute_loss(model, inputs)
         return loss.detach(), None, None
+
+    def _get_output_dir(self, trial) -> str:
+        return getattr(self, "_checkpoint_staging", None) or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model: nn.Module, trial) -> None:
+        """The stock checkpoint, written into a staging folder and renamed into place when complete."""
+        if self.hp_search_backend is not None or self.args.push_to_hub:
+            return super()._save_checkpoint(model, trial)
+        run_dir, name = self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staging = str(staging_dir(run_dir))
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)  # left by a killed run
+        self.accelerator.wait_for_everyone()
+        self._checkpoint_staging = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._checkpoint_staging = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            final = publish_checkpoint(run_dir, name)
+            best = self.state.best_model_checkpoint
+            if best and best.startswith(staging):
+                self.state.best_model_checkpoint = os.path.join(run_dir, os.path.relpath(best, staging))
+                self.state.save_to_json(str(final / "trainer_state.json"))
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        self.accelerator.wait_for_everyone()
 
     def _store_metrics(self, parts: DSparkLossOutput, mode: str) -> None:
         for name, value in parts.metrics().items():

@@ -1,0 +1,125 @@
+"""Training output folders: complete checkpoints only, atomic checkpoint writes, no silent overwrite of a finished run.
+
+- `last_complete_checkpoint`: the newest `checkpoint-N` whose trainer state, weights and optimizer files are all
+  readable (`resume_from_checkpoint="auto"` skips a checkpoint cut short by a kill, naming what is wrong with it);
+- `publish_checkpoint`: `DSparkTrainer` writes each checkpoint into `<output_dir>/.checkpoint-staging/` and renames it
+  into place once complete, so `checkpoint-N` never exists half-written;
+- `check_output_dir`: refuses to train into a folder that already holds a trained model or checkpoints unless the
+  run resumes from them or `overwrite_output_dir` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+STAGING_DIR = ".checkpoint-staging"
+TRAINER_STATE = "trainer_state.json"
+# torch.save writes zip archives: a file cut short loses its central directory, which zipfile detects cheaply.
+TORCH_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth")
+FINISHED_MODEL_FILES = ("config.json", "model.safetensors", "adapter_model.safetensors", "adapter_config.json")
+
+
+def checkpoints_in(output_dir: str | Path) -> list[Path]:
+    """The `checkpoint-N` folders of `output_dir`, newest (highest N) first."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_PATTERN.match(p.name).group(1)), reverse=True)
+
+
+def _weights_problem(folder: Path) -> str | None:
+    weights = sorted(folder.glob("*.safetensors"))
+    for file in weights:
+        try:
+            with safe_open(file, framework="pt") as handle:
+                handle.keys()
+        except SafetensorError as err:
+            return f"{file.name} is unreadable ({err})"
+    sharded = any(folder.glob("pytorch_model_fsdp*")) or any(folder.glob("global_step*"))  # FSDP / DeepSpeed
+    if not weights and not sharded and not any(folder.glob("pytorch_model*.bin")):
+        return "it holds no model weights"
+    return None
+
+
+def checkpoint_problem(folder: str | Path) -> str | None:
+    """What makes `folder` an incomplete checkpoint (missing or unreadable trainer state, weights, optimizer or RNG
+    files), or None when it is complete."""
+    folder = Path(folder)
+    state = folder / TRAINER_STATE
+    if not state.is_file():
+        return f"{TRAINER_STATE} is missing (the save was interrupted before it finished)"
+    try:
+        if not isinstance(json.loads(state.read_text(encoding="utf-8")), dict):
+            return f"{TRAINER_STATE} is not a JSON object"
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"{TRAINER_STATE} is unreadable ({err})"
+    problem = _weights_problem(folder)
+    if problem:
+        return problem
+    for file in [folder / name for name in TORCH_FILES] + sorted(folder.glob("rng_state_*.pth")):
+        if file.is_file() and not zipfile.is_zipfile(file):
+            return f"{file.name} is truncated or corrupt"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest complete `checkpoint-N` of `output_dir` (incomplete ones are skipped with a warning), or None."""
+    for folder in checkpoints_in(output_dir):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return str(folder)
+        logger.warning(f"skipping the incomplete checkpoint {folder}: {problem}")
+    return None
+
+
+def check_output_dir(output_dir: str | Path, overwrite: bool, resuming: bool) -> None:
+    """Refuse to train into a folder holding a trained model or checkpoints, unless `resuming` (from one of them) or
+    `overwrite` (whose earlier checkpoints are then removed, so a later resume cannot pick up the old run's)."""
+    folder = Path(output_dir)
+    finished = [name for name in FINISHED_MODEL_FILES if (folder / name).is_file()]
+    checkpoints = checkpoints_in(folder)
+    if resuming or not (finished or checkpoints):
+        return
+    if not overwrite:
+        held = finished + [p.name for p in checkpoints[:3]] + (["..."] if len(checkpoints) > 3 else [])
+        raise FileExistsError(
+            f"output_dir {folder} already holds a training run ({', '.join(held)}); training would overwrite it. "
+            "Pass --resume_from_checkpoint auto to continue it, --overwrite_output_dir to replace it, or choose "
+            "another --output_dir."
+        )
+    for checkpoint in checkpoints:
+        shutil.rmtree(checkpoint)
+    logger.warning(f"overwrite_output_dir: removed {len(checkpoints)} earlier checkpoint(s) from {folder}")
+
+
+def staging_dir(output_dir: str | Path) -> Path:
+    """The folder `DSparkTrainer` writes a checkpoint into before `publish_checkpoint` renames it into place."""
+    return Path(output_dir) / STAGING_DIR
+
+
+def publish_checkpoint(output_dir: str | Path, checkpoint_name: str) -> Path:
+    """Rename `<output_dir>/.checkpoint-staging/<checkpoint_name>` to `<output_dir>/<checkpoint_name>`, replacing a
+    leftover folder of that name (a partial save of an earlier run); returns the final folder."""
+    staged = staging_dir(output_dir) / checkpoint_name
+    final = Path(output_dir) / checkpoint_name
+    if final.exists():
+        stale = staging_dir(output_dir) / f"{checkpoint_name}.replaced"
+        shutil.rmtree(stale, ignore_errors=True)
+        final.rename(stale)
+        staged.rename(final)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        staged.rename(final)
+    shutil.rmtree(staging_dir(output_dir), ignore_errors=True)
+    return final
