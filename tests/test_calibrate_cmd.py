@@ -89,3 +89,27 @@ def test_helpers():
     set_temperatures(config, "sampling", [1.5, 1.5, 1.5])
     assert config.temperatures_for(True) == [2.0, 1.0, 0.5]
     assert config.temperatures_for(False) == [1.5, 1.5, 1.5]
+
+
+def test_calibrate_in_place_keeps_an_engine_layout_folder_loadable(setup):
+    from hf_dspark.interop import detect_layout, export_deepspec
+
+    target = make_target("llama", seed=3)
+    export_deepspec(DSparkDrafter.from_pretrained(setup / "drafter", target=target), setup / "engine")
+    config_before = (setup / "engine" / "config.json").read_bytes()
+    args = _args(setup, "--mode", "greedy")
+    args[args.index("--drafter") + 1] = str(setup / "engine")
+    assert main(args) == 0
+    assert (setup / "engine" / "config.json").read_bytes() == config_before  # the layout is not rewritten
+    assert detect_layout(setup / "engine") == "deepspec"
+    sidecar = json.loads((setup / "engine" / "calibration.json").read_text())
+    reloaded = DSparkDrafter.from_pretrained(setup / "engine", target=target)
+    assert reloaded.config.calibration_temperatures_greedy == pytest.approx(
+        sidecar["reports"]["greedy"]["temperatures"])
+
+
+def test_calibrate_refuses_an_out_folder_holding_another_model(setup):
+    before = {p.name: p.read_bytes() for p in (setup / "target").iterdir()}
+    with pytest.raises(ValueError, match=r"holds no hf-dspark drafter \(config.json model_type='llama'\)"):
+        main(_args(setup, "--mode", "greedy", "--out", str(setup / "target")))
+    assert {p.name: p.read_bytes() for p in (setup / "target").iterdir()} == before

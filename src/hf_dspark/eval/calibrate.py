@@ -22,7 +22,7 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 
 from ..calibration import CalibrationReport, cumulative_survival, evaluate_calibration, fit_sts, reliability_diagram
-from ..io_utils import write_json_atomic
+from ..io_utils import write_json_atomic, write_text_atomic
 from .prompts import chat_input_ids, load_prompt_set
 
 logger = logging.get_logger(__name__)
@@ -164,11 +164,50 @@ def write_sidecar(path: Path, run: CalibrationRun, reports: dict[str, Calibratio
     write_json_atomic(path, payload)
 
 
+def check_calibration_out(out: Path, same_folder: bool) -> None:
+    """Refuse an `out` folder that holds something other than an hf-dspark drafter (it would be overwritten)."""
+    if same_folder or not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"--out {out} is a file; pass a folder for the calibrated drafter.")
+    config_file = out / "config.json"
+    model_type = None
+    if config_file.is_file():
+        try:
+            model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+        except (ValueError, AttributeError):
+            model_type = "unreadable"
+    if any(out.iterdir()) and model_type != "dspark":
+        raise ValueError(
+            f"--out {out} is not empty and holds no hf-dspark drafter (config.json model_type={model_type!r}); "
+            "calibrate would overwrite its config.json and weights. Choose a new folder."
+        )
+
+
+def _save_in_place(drafter, out: Path) -> None:
+    """Write only the temperatures next to the drafter's unchanged weights: config.json (atomically, keeping the
+    stored weights' dtype) for a native folder; for a DeepSpec / DFlash folder the `calibration.json` sidecar,
+    which their loaders read, carries them and config.json is left as it is."""
+    from ..interop.loading import detect_layout
+
+    if detect_layout(out) != "native":
+        return
+    # binding cast the drafter to the target's dtype, which must not leak into the saved config
+    config = copy.deepcopy(drafter.config)
+    stored_dtype = json.loads((out / "config.json").read_text(encoding="utf-8")).get("dtype")
+    if isinstance(stored_dtype, str) and hasattr(torch, stored_dtype):
+        config.dtype = getattr(torch, stored_dtype)
+    write_text_atomic(out / "config.json", config.to_json_string(use_diff=True))
+
+
 def run_calibration(run: CalibrationRun, target, tokenizer, drafter) -> dict[str, CalibrationReport]:
     """Collect rollouts, fit STS per mode, and save drafter config (+ weights), sidecar and PNGs to `run.out`."""
     if drafter.confidence_head is None:
         raise ValueError("this drafter has no confidence head (use_confidence_head=False): nothing to calibrate")
     out = Path(run.out)
+    source = str(getattr(drafter, "name_or_path", "") or "")
+    same_folder = bool(source) and Path(source).resolve() == out.resolve() and any(out.glob("*.safetensors"))
+    check_calibration_out(out, same_folder)
     out.mkdir(parents=True, exist_ok=True)
     prompts = encode_prompts(tokenizer, run)
     reports = {}
@@ -177,15 +216,8 @@ def run_calibration(run: CalibrationRun, target, tokenizer, drafter) -> dict[str
         reports[mode] = calibrate_mode(logits, survived, mode, run, out)
         set_temperatures(drafter.config, mode, reports[mode].temperatures)
         logger.info(f"{mode}: {logits.shape[0]} rounds, T = {reports[mode].temperatures}")
-    same_folder = Path(str(drafter.name_or_path)).resolve() == out.resolve()
-    if same_folder and any(out.glob("*.safetensors")):
-        # weights unchanged: rewrite only config.json in place, keeping the dtype the stored weights have (binding
-        # cast the drafter to the target's dtype, which must not leak into the saved config)
-        config = copy.deepcopy(drafter.config)
-        stored_dtype = json.loads((out / "config.json").read_text(encoding="utf-8")).get("dtype")
-        if isinstance(stored_dtype, str) and hasattr(torch, stored_dtype):
-            config.dtype = getattr(torch, stored_dtype)
-        config.save_pretrained(out)
+    if same_folder:
+        _save_in_place(drafter, out)
     else:
         drafter.save_pretrained(out)
     write_sidecar(out / SIDECAR, run, reports)

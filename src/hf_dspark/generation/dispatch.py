@@ -20,6 +20,7 @@ from ..modeling_dspark import DSparkDrafter
 from .candidate_generator import DSparkCandidateGenerator
 from .loop import dspark_decoding
 from .options import check_left_padded, generation_config_options, validate_dspark_options
+from .target_cache import attention_layout
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -63,6 +64,7 @@ def _dspark_subclass(cls: type) -> type:
             if _requested_beams(self, kwargs) > 1:  # transformers would silently drop the assistant
                 raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
             validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
+            attention_layout(self)  # refuses attention layers ragged verification cannot mask, with the reason
         return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)
 
     def _prepare_generation_config(self, generation_config, **kwargs):
