@@ -1,0 +1,137 @@
+"""The target-family matrix: greedy DSpark is bit-identical to plain `generate` (fp32) for every supported family,
+full-attention and sliding-window / hybrid alike; families DSpark cannot verify are refused before generation.
+
+Sliding-window configs use a window of 8 with prompts of 4-14 tokens and 30 new tokens, so both prompts shorter
+and longer than the window occur and every row generates past it.
+"""
+
+import copy
+
+import pytest
+import torch
+import transformers
+from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
+
+from hf_dspark.eval.oracle import oracle_for
+from hf_dspark.generation.target_cache import attention_layout
+from tests.helpers import make_drafter, ragged_prompts
+
+WINDOW = 8
+HYBRID = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+BASE = dict(
+    hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+    vocab_size=96, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(head_dim=16)),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {}),
+    # sliding window on every layer
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=WINDOW)),
+    # hybrid: sliding and full layers (Gemma 2 runs eager attention, the others sdpa)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=16, sliding_window=WINDOW)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW, layer_types=HYBRID)),
+    "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM",
+                      dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        head_dim=16, sliding_window=WINDOW, layer_types=HYBRID, num_local_experts=4, num_experts_per_tok=2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    )),
+}
+SLIDING = ["mistral", "gemma2", "gemma3", "qwen2_sliding", "gpt_oss"]
+
+
+def make_family(name: str, seed: int = 0, **overrides):
+    config_name, model_name, fields = FAMILIES[name]
+    torch.manual_seed(seed)
+    config = getattr(transformers, config_name)(**{**BASE, **fields, **overrides})
+    return getattr(transformers, model_name)(config).eval()
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request):
+    return request.param, make_family(request.param)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("drafter_kind", ["learned", "oracle"])
+def test_family_greedy_matches_plain_generate(family, batch, drafter_kind):
+    name, target = family
+    ids, mask = ragged_prompts(batch, seed=batch, min_len=4, max_len=14)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=30)
+    reference = target.generate(ids, **kwargs)
+    drafter = make_drafter(target) if drafter_kind == "learned" else oracle_for(target, 4, reference, mask)
+    assert torch.equal(reference, target.generate(ids, assistant_model=drafter, **kwargs)), name
+    if drafter_kind == "oracle":
+        assert drafter.last_generation_stats.mean_accepted_length >= 3.0
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma2", "gemma3"])
+def test_the_window_shapes_the_reference(name):
+    """Guard: with these lengths the window changes plain generate's output, so the matrix tests it."""
+    ids, mask = ragged_prompts(3, seed=3, min_len=4, max_len=14)
+    windowed = make_family(name).generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    wide = make_family(name, sliding_window=512).generate(ids, attention_mask=mask, do_sample=False,
+                                                          max_new_tokens=30)
+    assert not torch.equal(windowed, wide)
+
+
+@pytest.mark.parametrize(("name", "implementation"), [("mistral", "eager"), ("gemma3", "sdpa"), ("gemma3", "eager")])
+def test_sliding_long_generation_with_compaction(name, implementation):
+    """Random drafts leave holes every round: compaction moves slots, positions and windows must follow."""
+    target = make_family(name, attn_implementation=implementation)
+    assert target.config._attn_implementation == implementation
+    ids, mask = ragged_prompts(3, seed=5, min_len=4, max_len=14)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=120, min_new_tokens=120)
+    reference = target.generate(ids, **kwargs)
+    drafter = make_drafter(target)
+    assert torch.equal(reference, target.generate(ids, assistant_model=drafter, **kwargs))
+    assert drafter.last_generation_stats.compactions > 0
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_sliding_prefix_cache_longer_than_the_window(batch):
+    """A cached prefix in transformers' own sliding cache (old entries dropped) is rebuilt for the ragged cache."""
+    target = make_family("mistral")
+    ids, mask = ragged_prompts(batch, seed=6, min_len=18, max_len=20)
+    cached = ids.shape[1] - 3
+    cache = DynamicCache(config=target.config)
+    positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    with torch.no_grad():
+        target(ids[:, :cached], attention_mask=mask[:, :cached], position_ids=positions[:, :cached], cache=cache)
+    assert isinstance(cache.layers[0], DynamicSlidingWindowLayer) and cache.layers[0].keys.shape[2] < cached
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=20)
+    reference = target.generate(ids, cache=copy.deepcopy(cache), **kwargs)
+    assert torch.equal(reference, target.generate(ids, **kwargs))
+    output = target.generate(ids, cache=copy.deepcopy(cache), assistant_model=make_drafter(target), **kwargs)
+    assert torch.equal(reference, output)
+
+
+@pytest.mark.parametrize(("config_name", "model_name", "fields", "reason"), [
+    ("Lfm2Config", "Lfm2ForCausalLM", dict(layer_types=["conv", "conv", "full_attention", "conv", "full_attention"]),
+     "'conv' layers"),
+    ("Llama4TextConfig", "Llama4ForCausalLM", dict(head_dim=16, attention_chunk_size=8), "'chunked_attention' layers"),
+])
+def test_families_that_cannot_be_verified_are_refused_before_generation(config_name, model_name, fields, reason):
+    torch.manual_seed(0)
+    target = getattr(transformers, model_name)(getattr(transformers, config_name)(**{**BASE, **fields})).eval()
+    drafter = make_drafter(target)
+    ids, mask = ragged_prompts(2)
+    calls = []
+    target.register_forward_hook(lambda *args: calls.append(1))
+    with pytest.raises(ValueError, match=f"{reason}.*cannot hide rejected tokens"):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
+    assert not calls  # no forward ran
+
+
+def test_sliding_target_without_4d_masks_is_refused():
+    target = make_family("mistral")
+    target.config._attn_implementation = "flash_attention_2"  # only the name is read; nothing is loaded
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        attention_layout(target)
+    assert attention_layout(make_family("llama")).needs_masks is False
