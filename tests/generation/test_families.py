@@ -114,8 +114,9 @@ def test_sliding_prefix_cache_longer_than_the_window(batch):
 
 @pytest.mark.parametrize(("config_name", "model_name", "fields", "reason"), [
     ("Lfm2Config", "Lfm2ForCausalLM", dict(layer_types=["conv", "conv", "full_attention", "conv", "full_attention"]),
-     "'conv' layers"),
-    ("Llama4TextConfig", "Llama4ForCausalLM", dict(head_dim=16, attention_chunk_size=8), "'chunked_attention' layers"),
+     "'conv' layers.*cannot hide rejected tokens"),
+    ("Llama4TextConfig", "Llama4ForCausalLM", dict(head_dim=16, attention_chunk_size=8),
+     "'chunked_attention' layers.*do not implement"),
 ])
 def test_families_that_cannot_be_verified_are_refused_before_generation(config_name, model_name, fields, reason):
     torch.manual_seed(0)
@@ -124,7 +125,7 @@ def test_families_that_cannot_be_verified_are_refused_before_generation(config_n
     ids, mask = ragged_prompts(2)
     calls = []
     target.register_forward_hook(lambda *args: calls.append(1))
-    with pytest.raises(ValueError, match=f"{reason}.*cannot hide rejected tokens"):
+    with pytest.raises(ValueError, match=reason):
         target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
     assert not calls  # no forward ran
 

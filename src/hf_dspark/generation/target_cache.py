@@ -50,12 +50,17 @@ def attention_layout(model) -> AttentionLayout:
     layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
     windows: dict[str, int | None] = {}
     for layer_type, kwargs in zip(layer_types, layer_kwargs):
+        if layer_type == "chunked_attention":
+            raise ValueError(
+                "DSpark cannot verify drafts on this target: it has 'chunked_attention' layers, which its ragged "
+                "verification masks do not implement (full and sliding-window attention only)."
+            )
         if layer_type not in MASKABLE_LAYERS:
             raise ValueError(
                 f"DSpark cannot verify drafts on this target: it has {layer_type!r} layers. Ragged verification "
-                "keeps rejected drafts in the KV cache as masked holes, which needs attention layers whose cache "
-                "is a list of keys and values (full or sliding-window attention); recurrent / linear-attention "
-                "states, chunked attention and shared-KV layers cannot hide rejected tokens."
+                "keeps rejected drafts in the KV cache as masked holes, which needs layers whose cache is a list "
+                "of per-token keys and values; recurrent, convolution and shared-KV states cannot hide rejected "
+                "tokens."
             )
         windows[layer_type] = kwargs.get("sliding_window")
     implementation = getattr(config, "_attn_implementation", None) or "eager"
