@@ -29,19 +29,30 @@ def _plain_and_dspark(target, drafter, ids, mask, **kwargs):
 
 
 # ---------------------------------------------------------------- per-row processors (issue item 1)
-def _parity_fn(batch_id, sent):
-    """Row 0 may only emit even ids, row 1 only odd ids (3..95)."""
-    return list(range(4 if batch_id % 2 == 0 else 3, 96, 2))
+class _Parity:
+    """Row 0 may only emit even ids, row 1 only odd ids (3..95); records the batch ids it is called with."""
+
+    def __init__(self):
+        self.batch_ids = set()
+
+    def __call__(self, batch_id, sent):
+        self.batch_ids.add(batch_id)
+        return list(range(4 if batch_id % 2 == 0 else 3, 96, 2))
 
 
 def test_prefix_allowed_tokens_fn_gets_each_rows_batch_id(pair):
     target, drafter = pair
     ids, mask = ragged_prompts(2, seed=5)
+    parity = _Parity()
     reference, output = _plain_and_dspark(target, drafter, ids, mask, max_new_tokens=16,
-                                          prefix_allowed_tokens_fn=_parity_fn)
+                                          prefix_allowed_tokens_fn=parity)
     assert torch.equal(reference, output)
     generated = output[:, ids.shape[1] :]
     assert bool((generated[0] % 2 == 0).all()) and bool((generated[1] % 2 == 1).all())
+    parity.batch_ids.clear()
+    target.generate(ids, attention_mask=mask, do_sample=False, assistant_model=drafter, max_new_tokens=4,
+                    prefix_allowed_tokens_fn=parity)
+    assert parity.batch_ids == {0, 1}  # the user's own object is called, not a per-row copy
 
 
 class _CountingProcessor(LogitsProcessor):

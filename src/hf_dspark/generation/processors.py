@@ -86,7 +86,7 @@ def _slice_row(processor, batch_size: int, row: int):
     """Copy of `processor` for row `row` alone: tensor attributes of leading size `batch_size` cut to
     `[row:row+1]`, and `prefix_allowed_tokens_fn` given the row's real batch index."""
     clone = copy.deepcopy(processor)
-    if isinstance(clone, PrefixConstrainedLogitsProcessor) and row:
+    if isinstance(clone, PrefixConstrainedLogitsProcessor):  # the user's function itself, not a deep copy
         clone._prefix_allowed_tokens_fn = _RowBatchId(processor._prefix_allowed_tokens_fn, row)
     if batch_size == 1:
         return clone
