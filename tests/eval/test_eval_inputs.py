@@ -104,3 +104,12 @@ def test_identity_covers_dtype_and_config(target):
     drafter.config.calibration_temperatures = [2.0] * drafter.config.block_size
     assert drafter_identity(drafter) != before
     assert drafter_identity(make_drafter(target).to(torch.bfloat16)) != drafter_identity(make_drafter(target))
+
+
+def test_an_empty_or_malformed_prompt_file_is_refused_before_any_model_loads(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match=r"empty.jsonl holds no prompts"):
+        _config([str(tmp_path / "empty.jsonl")], tmp_path)
+    (tmp_path / "bad.jsonl").write_text('{"turns": ["ok"]}\n{"turns": \n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2 is not valid JSON"):
+        _config([str(tmp_path / "bad.jsonl")], tmp_path)

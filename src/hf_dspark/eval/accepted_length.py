@@ -311,10 +311,11 @@ def run_eval(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDr
     sets = load_sets(config)
     plans, skipped = make_plans(config, target, drafters)
     identities = {name: drafter_identity(drafter) for name, drafter in drafters.items()}
-    identities[PROMPT_LOOKUP] = PROMPT_LOOKUP  # rule-based (its unused weights are random): nothing to compare
+    identities[PROMPT_LOOKUP] = PROMPT_LOOKUP  # rule-based: no weights to compare
     work = WorkFile(config.work_path, config.fingerprint, config.resume, identities)
     for plan in plans:
-        plan.drafter.eval()
+        if isinstance(plan.drafter, torch.nn.Module):  # model-free drafters (prompt lookup) have no eval mode
+            plan.drafter.eval()
         for set_name, items in sets.items():
             run_plan_on_set(plan, set_name, items, target, tokenizer, config, work)
     arrays: dict = {}

@@ -9,12 +9,14 @@ import torch
 
 
 def check_prompt_files(paths: list[str]) -> None:
-    """Raise `ValueError` unless `paths` names at least one existing prompt file."""
+    """Raise `ValueError` unless `paths` names at least one prompt file and each exists and reads as a prompt set
+    (checked before any model is loaded)."""
     if not paths:
         raise ValueError("give at least one prompt file (e.g. data/eval/gsm8k.jsonl)")
     for path in paths:
         if not Path(path).is_file():
             raise ValueError(f"prompt file {path} does not exist")
+        load_prompt_set(path)
 
 
 def set_names(paths: list[str]) -> list[str]:
@@ -47,7 +49,8 @@ def check_output_path(out: str | Path, inputs: list[str], what: str = "--out") -
 
 
 def load_prompt_set(path: str | Path) -> list[dict]:
-    """Read a JSONL prompt set; every line must be an object with a non-empty list `turns` of strings."""
+    """Read a JSONL prompt set; every line must be an object with a non-empty list `turns` of strings, and there must
+    be at least one."""
     items = []
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
@@ -61,6 +64,8 @@ def load_prompt_set(path: str | Path) -> list[dict]:
             if not turns or not all(isinstance(t, str) for t in turns):
                 raise ValueError(f'{path}:{number} needs a non-empty "turns" list of strings')
             items.append(item)
+    if not items:
+        raise ValueError(f"prompt file {path} holds no prompts (one {{\"turns\": [...]}} object per line expected)")
     return items
 
 
