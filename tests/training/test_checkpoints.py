@@ -93,3 +93,9 @@ def test_every_example_filtered_out_is_named(tmp_path, tiny_target_dir):
     one = tokenized_records(1)
     with pytest.raises(ValueError, match=r"1 went to validation \(validation_fraction=0.5\)"):
         train(_config(tmp_path, tiny_target_dir, records=one, validation_fraction=0.5), _args(tmp_path / "out"))
+
+
+def test_a_missing_target_folder_is_named(tmp_path, tiny_target_dir):
+    config = _config(tmp_path, tiny_target_dir, target=str(tmp_path / "models" / "no-such-target"))
+    with pytest.raises(FileNotFoundError, match=r"target folder .*no-such-target does not exist"):
+        train(config, _args(tmp_path / "out"))

@@ -83,3 +83,11 @@ def test_output_dir_may_not_hold_the_inputs(tmp_path, generator, byte_tokenizer)
     with pytest.raises(ValueError, match="holds the input"):
         _run(tmp_path, [prompts], generator, byte_tokenizer)
     assert json.loads(prompts.read_text()) == {"turns": ["hi"]}
+
+
+def test_a_missing_target_folder_is_named(tmp_path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"turns": ["hi"]}])
+    config = PrepareDataConfig(inputs=[str(prompts)], output_dir=str(tmp_path / "out"),
+                               target=str(tmp_path / "models" / "no-such-target"), dtype="float32")
+    with pytest.raises(FileNotFoundError, match=r"target folder .*no-such-target does not exist"):
+        prepare_data(config)

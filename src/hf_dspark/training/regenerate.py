@@ -129,7 +129,10 @@ def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):
         return load_default_target(dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..interop.sources import resolve_model_source
+
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    kwargs.update(resolve_model_source(target, what="target"))
     tokenizer = AutoTokenizer.from_pretrained(target, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=dtype, **kwargs).eval()
     if tokenizer.pad_token_id is None:

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, 
 from transformers.utils import logging
 
 from ..configuration_dspark import HEAD_TYPES, DSparkConfig
+from ..interop.sources import resolve_model_source
 from ..modeling_dspark import DSparkDrafter
 from .checkpoints import check_output_dir, checkpoint_problem, last_complete_checkpoint
 from .data import DSparkDataset, build_dataset, load_conversations, split_validation
@@ -152,6 +153,7 @@ def load_training_target(config: DSparkTrainConfig):
         target, tokenizer = load_default_target(dtype)
     else:
         kwargs = {"gguf_file": config.gguf_file} if config.gguf_file else {}
+        kwargs.update(resolve_model_source(config.target, what="target"))
         target = AutoModelForCausalLM.from_pretrained(config.target, dtype=dtype, **kwargs)
         try:
             tokenizer = AutoTokenizer.from_pretrained(config.target, **kwargs)
