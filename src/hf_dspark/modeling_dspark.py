@@ -144,6 +144,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
     def bound_to(self, target: nn.Module) -> bool:
         return self._bound is not None and self._bound.target_id == id(target)
 
+    @property
+    def last_generation_stats(self):
+        """`DSparkGenerationStats` of the last DSpark `generate` call with this drafter (None before the first)."""
+        from .generation.stats import last_generation_stats
+
+        return last_generation_stats(self)
+
     def __getattr__(self, name: str) -> Any:
         if name == "generation_config":  # read by transformers' stock assisted loop: the target is not DSpark-enabled
             from .binding import unbound_assistant_error

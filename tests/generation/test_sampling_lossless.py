@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-import hf_dspark.generation.loop as loop_module
+import hf_dspark.generation.round as round_module
 from hf_dspark.verification import VerificationResult
 from tests.helpers import make_drafter, make_target
 
@@ -109,7 +109,7 @@ def test_a_wrong_acceptance_rule_is_detected(setup, monkeypatch):
         bonus = torch.multinomial(target_probs[torch.arange(len(verify_len)), verify_len], 1).squeeze(1)
         return VerificationResult(verify_len.clone(), bonus)
 
-    monkeypatch.setattr(loop_module, "verify_sampling", accept_all)
+    monkeypatch.setattr(round_module, "verify_sampling", accept_all)
     joint = _exact_joint(target, prompt, SETTINGS["plain"])
     codes = _sample_codes(target, drafter, prompt, SETTINGS["plain"], seed=2)
     assert _chi_square_pvalue(codes, joint) < 1e-6

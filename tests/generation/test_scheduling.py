@@ -50,7 +50,7 @@ def _caps(stats) -> list[dict[int, int]]:
     [
         ("greedy", {"dspark_step_curve": STEEP}, "none"),
         ("lagged", {"dspark_step_curve": STEEP}, "none"),
-        ("threshold", {"dspark_threshold": 1.01}, "none"),
+        ("threshold", {"dspark_threshold": 1.0}, "none"),
         ("greedy", {"dspark_step_curve": FLAT}, "all"),
         ("lagged", {"dspark_step_curve": FLAT}, "all"),
         ("threshold", {"dspark_threshold": 0.0}, "all"),

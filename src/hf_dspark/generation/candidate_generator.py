@@ -10,12 +10,15 @@ tapped hidden states of the newly committed tokens, which become the drafter's c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
-from ..modeling_dspark import DSparkDrafter, DSparkProposal
 from .processors import RowProcessors
+
+if TYPE_CHECKING:
+    from ..modeling_dspark import DSparkDrafter, DSparkProposal
 
 
 class DSparkCandidateGenerator(CandidateGenerator):

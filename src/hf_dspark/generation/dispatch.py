@@ -16,8 +16,8 @@ For users who want no patching, `dspark_generate` is a `custom_generate` callabl
 from __future__ import annotations
 
 from ..binding import validate_target_shape
-from ..modeling_dspark import DSparkDrafter
 from .candidate_generator import DSparkCandidateGenerator
+from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
 from .options import check_left_padded, generation_config_options, validate_dspark_options
 from .target_cache import attention_layout
@@ -39,7 +39,7 @@ def _dspark_subclass(cls: type) -> type:
     def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
                            synced_gpus=False, streamer=None, inputs_tensor=None, assistant_model=None,
                            assistant_tokenizer=None, tokenizer=None, **model_kwargs):
-        if isinstance(assistant_model, DSparkDrafter) and not getattr(generation_config, "dspark_stock_loop", False):
+        if is_draft_model(assistant_model) and not getattr(generation_config, "dspark_stock_loop", False):
             check_left_padded(model_kwargs.get("attention_mask"))
             return dspark_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
                                    streamer=streamer, assistant_model=assistant_model, **model_kwargs)
@@ -51,7 +51,7 @@ def _dspark_subclass(cls: type) -> type:
 
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, **kwargs):
-        if isinstance(assistant_model, DSparkDrafter):  # only reached with dspark_stock_loop=True
+        if is_draft_model(assistant_model):  # only reached with dspark_stock_loop=True
             if input_ids.shape[0] != 1:
                 raise ValueError("dspark_stock_loop=True runs transformers' batch-1 loop: pass one prompt")
             return DSparkCandidateGenerator.for_stock_loop(assistant_model, logits_processor,
@@ -60,7 +60,7 @@ def _dspark_subclass(cls: type) -> type:
                                             model_kwargs, assistant_model=assistant_model, **kwargs)
 
     def generate(self, *args, assistant_model=None, **kwargs):
-        if isinstance(assistant_model, DSparkDrafter):
+        if is_draft_model(assistant_model):
             if _requested_beams(self, kwargs) > 1:  # transformers would silently drop the assistant
                 raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
             validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
@@ -108,7 +108,7 @@ def is_enabled(target) -> bool:
 
 
 def dspark_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                    drafter: DSparkDrafter | None = None, dspark_streamer=None, **model_kwargs):
+                    drafter: DraftModel | None = None, dspark_streamer=None, **model_kwargs):
     """`custom_generate` entry point: `model.generate(**inputs, custom_generate=dspark_generate, drafter=d)`."""
     if drafter is None:
         raise ValueError("dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, "

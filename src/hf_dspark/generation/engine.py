@@ -2,8 +2,9 @@
 
 Requests join and leave the running batch between rounds. Each `step()` admits waiting requests (one prefill
 forward for all of them, merged into the running batch's ragged KV cache), then runs one DSpark round for every
-running request: propose → choose ℓ_r (a `VerificationPolicy`, or `"none"` for plain batched decoding) → one
-target forward → verify → commit, and returns the tokens each request gained.
+running request with the round kernel `generate` uses (`round.RoundKernel`: plan → propose → choose ℓ_r → one
+target forward → verify → commit → extend the drafter's context), with a `VerificationPolicy` or `"none"` for
+plain batched decoding, and returns the tokens each request gained.
 
     engine = DSparkEngine(target, drafter, policy=VerificationPolicy("lagged", block_size=7, step_curve=curve))
     rid = engine.add_request(prompt_ids, max_new_tokens=128)
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import DynamicCache
@@ -29,11 +31,14 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from ..cache import DSparkDraftCache
-from ..modeling_dspark import DSparkDrafter
-from ..verification import verify_greedy, verify_sampling
+from .drafting import feature_layers
 from .policy import VerificationPolicy
+from .processors import RowProcessors
+from .round import RoundBatch, RoundKernel, RoundRecord
 from .target_cache import RaggedTargetCache
+
+if TYPE_CHECKING:
+    from .drafting import DraftModel
 
 
 @dataclass
@@ -57,10 +62,27 @@ class EngineRequest:
 
 @dataclass
 class EngineRoundRecord:
+    """running: rows in the round; verify_lens / committed: per row; drafted: rows that ran the drafter;
+    seconds: the whole `step` (admission included); policy_seconds: the policy's decisions."""
+
     running: int
     verify_lens: list[int]
     committed: list[int]
     seconds: float
+    drafted: int = 0
+    policy_seconds: float = 0.0
+
+
+def _warpers(do_sample: bool, temperature: float, top_k: int | None, top_p: float | None) -> LogitsProcessorList:
+    warpers = LogitsProcessorList()
+    if do_sample:
+        if temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(temperature))
+        if top_k:
+            warpers.append(TopKLogitsWarper(top_k))
+        if top_p is not None and top_p < 1.0:
+            warpers.append(TopPLogitsWarper(top_p))
+    return warpers
 
 
 class DSparkEngine:
@@ -68,43 +90,43 @@ class DSparkEngine:
 
     Args:
         target: the target causal LM (its KV cache layers must be full-attention dynamic layers).
-        drafter: a `DSparkDrafter` (bound to `target` here), or None for plain batched decoding.
-        policy: a `VerificationPolicy`, or `"none"` (ℓ = 0, no drafting: the no-speculation baseline).
+        drafter: a drafter (`DSparkDrafter`, bound to `target` here, or any `DraftModel`), or None for plain
+            batched decoding.
+        policy: a `VerificationPolicy` (e.g. `"auto"`, which decodes plainly when drafting does not pay), or
+            `"none"` (ℓ = 0, no drafting: the no-speculation baseline).
         do_sample, temperature, top_k, top_p: decoding settings shared by all requests.
         eos_token_id: token id(s) that end a request (default: the target's generation config).
         max_running: at most this many requests in the running batch; the rest wait.
     """
 
-    def __init__(self, target, drafter: DSparkDrafter | None = None, policy: VerificationPolicy | str = "none",
+    def __init__(self, target, drafter: DraftModel | None = None, policy: VerificationPolicy | str = "none",
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | list[int] | None = None,
                  max_running: int = 64) -> None:
         if policy != "none" and drafter is None:
             raise ValueError(f"policy {policy!r} needs a drafter; use policy='none' for plain decoding")
-        self.target, self.drafter, self.policy = target, drafter, policy
-        if drafter is not None and not drafter.bound_to(target):
+        self.target, self.policy = target, policy
+        self.drafter = drafter if policy != "none" else None
+        if self.drafter is not None and hasattr(drafter, "bind_target") and not drafter.bound_to(target):
             drafter.bind_target(target)
         self.do_sample = do_sample
-        self.warpers = LogitsProcessorList()
-        if do_sample:
-            if temperature != 1.0:
-                self.warpers.append(TemperatureLogitsWarper(temperature))
-            if top_k:
-                self.warpers.append(TopKLogitsWarper(top_k))
-            if top_p is not None and top_p < 1.0:
-                self.warpers.append(TopPLogitsWarper(top_p))
+        self.processors = RowProcessors(_warpers(do_sample, temperature, top_k, top_p), 1)
         eos = eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else (eos or []))
         self.max_running = max_running
-        self.taps = [i + 1 for i in drafter.config.target_layer_ids] if drafter is not None else []
+        self.kernel = RoundKernel(target, self.drafter, policy if self.drafter is not None else None,
+                                  self.processors, do_sample)
+        self.taps = feature_layers(self.drafter) if self.drafter is not None else []
         self.requests: dict[int, EngineRequest] = {}
         self.waiting: list[int] = []
-        self.running: list[int] = []
-        self.anchor: torch.Tensor | None = None
-        self.target_cache: RaggedTargetCache | None = None
-        self.draft_cache: DSparkDraftCache | None = None
+        self.batch: RoundBatch | None = None
         self.records: list[EngineRoundRecord] = []
         self._next_id = 0
+
+    @property
+    def running(self) -> list[int]:
+        """Request ids in the running batch, in batch order."""
+        return list(self.batch.rows) if self.batch is not None else []
 
     # ------------------------------------------------------------------ public API
     def add_request(self, prompt_ids: torch.Tensor | list[int], max_new_tokens: int = 128) -> int:
@@ -135,11 +157,10 @@ class DSparkEngine:
     @torch.no_grad()
     def step(self) -> list[tuple[int, list[int]]]:
         """Admit waiting requests, run one round; returns (request_id, new tokens) for every request that gained."""
+        start = time.perf_counter()
         events = self._admit()
-        if self.running:
-            start = time.perf_counter()
-            events += self._round()
-            self.records[-1].seconds = time.perf_counter() - start
+        if self.batch is not None:
+            events += self._round(start)
         self._drop_finished()
         return events
 
@@ -161,14 +182,15 @@ class DSparkEngine:
         out = self.target(input_ids=ids, attention_mask=mask, position_ids=positions,
                           cache=DynamicCache(config=self.target.config), use_cache=True,
                           output_hidden_states=self.taps or None, logits_to_keep=1)
-        first = self._pick(out.logits[:, -1].float())
-        cache = RaggedTargetCache(out.cache, mask.bool(), mask.sum(dim=1))
-        draft_cache = None
-        if self.drafter is not None:
-            draft_cache = self.drafter.init_cache(len(new))
-            features = torch.cat([out.hidden_states[i] for i in self.taps], dim=-1)
-            self.drafter.extend_context(draft_cache, features, mask.bool())
-        self._merge(new, first, cache, draft_cache)
+        raw = out.logits[:, -1].float()
+        first = self._pick(self.processors.apply([], [], raw))
+        features = torch.cat([out.hidden_states[i] for i in self.taps], dim=-1) if self.taps else None
+        batch = self.kernel.start(new, first, RaggedTargetCache(out.cache, mask.bool(), mask.sum(dim=1)), features,
+                                  mask.bool())
+        if self.batch is None:
+            self.batch = batch
+        else:
+            self.batch.extend(batch)
         now = time.perf_counter()
         events = []
         for rid, token in zip(new, first.tolist()):
@@ -176,62 +198,27 @@ class DSparkEngine:
             events.append((rid, self._commit(rid, [token])))
         return events
 
-    def _merge(self, new: list[int], first: torch.Tensor, cache: RaggedTargetCache, draft_cache) -> None:
-        if not self.running:
-            self.running, self.anchor, self.target_cache, self.draft_cache = list(new), first, cache, draft_cache
-            return
-        self.target_cache.add_rows(cache)
-        if draft_cache is not None:
-            self.draft_cache = DSparkDraftCache.concat([self.draft_cache, draft_cache])
-        self.running += new
-        self.anchor = torch.cat([self.anchor, first])
-
     # ------------------------------------------------------------------ one round
     def _pick(self, scores: torch.Tensor) -> torch.Tensor:
         if not self.do_sample:
             return scores.argmax(dim=-1)
-        return torch.multinomial(torch.softmax(self.warpers(None, scores), dim=-1), 1).squeeze(-1)
+        return torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(-1)
 
-    def _remaining(self) -> torch.Tensor:
-        left = [self.requests[r].max_new_tokens - len(self.requests[r].generated) for r in self.running]
-        return torch.tensor(left, device=self.anchor.device)
+    def _round(self, start: float) -> list[tuple[int, list[int]]]:
+        batch = self.batch
+        requests = [self.requests[r] for r in batch.rows]
+        left = torch.tensor([r.max_new_tokens - len(r.generated) for r in requests], device=batch.anchor.device)
+        histories = [r.history for r in requests]
+        events: list[tuple[int, list[int]]] = []
 
-    def _round(self) -> list[tuple[int, list[int]]]:
-        rows = len(self.running)
-        proposal = None
-        if self.policy == "none":
-            verify_len = torch.zeros(rows, dtype=torch.long, device=self.anchor.device)
-        else:
-            warp = (lambda k, drafts, logits: self.warpers(None, logits)) if len(self.warpers) else None
-            proposal = self.drafter.propose(self.anchor, self.draft_cache, do_sample=self.do_sample,
-                                            logits_processor=warp, row_ids=list(self.running))
-            verify_len = self.policy(proposal, self._remaining() - 1)
-        steps = 1 + int(verify_len.max())
-        drafts = proposal.draft_ids[:, : steps - 1] if proposal is not None else self.anchor.new_zeros(rows, 0)
-        inputs = torch.cat([self.anchor[:, None], drafts], dim=1)
-        input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
-        out = self.target_cache.forward(self.target, inputs, input_valid, self.taps)
-        scores = out.logits
-        if len(self.warpers):
-            scores = self.warpers(None, scores.flatten(0, 1)).view_as(scores)
-        if self.do_sample:
-            draft_probs = proposal.draft_probs[:, : steps - 1] if proposal is not None else scores[:, :0]
-            result = verify_sampling(drafts, draft_probs, torch.softmax(scores, dim=-1), verify_len)
-        else:
-            result = verify_greedy(drafts, scores.argmax(dim=-1), verify_len)
-        events, committed = [], []
-        for a, rid in enumerate(self.running):
-            m = int(result.num_accepted[a])
-            kept = self._commit(rid, [*drafts[a, :m].tolist(), int(result.next_token[a])])
-            events.append((rid, kept))
-            committed.append(len(kept))
-        self.records.append(EngineRoundRecord(rows, verify_len.tolist(), committed, 0.0))
-        kept_slots = 1 + result.num_accepted
-        self.target_cache.commit_last(steps, kept_slots)
-        if self.drafter is not None:
-            valid = torch.arange(steps, device=inputs.device)[None, :] < kept_slots[:, None]
-            self.drafter.extend_context(self.draft_cache, out.features, valid)
-        self.anchor = result.next_token
+        def commit(a: int, tokens: list[int], scores: torch.Tensor, logits: torch.Tensor) -> int:
+            kept = self._commit(batch.rows[a], tokens)
+            events.append((batch.rows[a], kept))
+            return len(kept)
+
+        record: RoundRecord = self.kernel.step(batch, histories, left - 1, commit)
+        self.records.append(EngineRoundRecord(len(record.rows), record.verify_len, record.committed,
+                                              time.perf_counter() - start, record.drafted, record.policy_seconds))
         return events
 
     def _commit(self, rid: int, tokens: list[int]) -> list[int]:
@@ -247,15 +234,15 @@ class DSparkEngine:
         return kept
 
     def _drop_finished(self) -> None:
-        keep = [a for a, rid in enumerate(self.running) if not self.requests[rid].finished]
-        if len(keep) == len(self.running):
+        if self.batch is None:
             return
-        self.running = [self.running[a] for a in keep]
+        keep = [a for a, rid in enumerate(self.batch.rows) if not self.requests[rid].finished]
+        if len(keep) == len(self.batch.rows):
+            return
+        gone = [rid for rid in self.batch.rows if self.requests[rid].finished]
+        if isinstance(self.policy, VerificationPolicy):
+            self.policy.forget(gone)
         if not keep:
-            self.anchor = self.target_cache = self.draft_cache = None
+            self.batch = None
             return
-        index = torch.tensor(keep, dtype=torch.long, device=self.anchor.device)
-        self.anchor = self.anchor.index_select(0, index)
-        self.target_cache.select_rows(index)
-        if self.draft_cache is not None:
-            self.draft_cache = self.draft_cache.select_rows(index)
+        self.batch.keep(keep)

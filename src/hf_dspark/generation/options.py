@@ -19,6 +19,8 @@ DSPARK_OPTIONS: dict[str, str] = {
     "dspark_verify_len": "an integer 0..γ, the fixed verification length",
     "dspark_threshold": "a number in [0, 1], the prefix-survival threshold of the 'threshold' policy",
     "dspark_step_curve": "a StepCurve or the path of one saved by `hf-dspark profile`",
+    "dspark_draft_curve": "a StepCurve (drafter proposals per second against rows) or its JSON path, for 'auto'",
+    "dspark_observers": "a list of round observers (objects with on_round(record)), called every round",
     "dspark_record_confidence": "True/False, keep every round's confidence logits in the statistics",
     "dspark_stock_loop": "True/False, run transformers' own batch-1 assisted loop with the DSpark drafter",
 }

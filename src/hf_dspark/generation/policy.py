@@ -2,7 +2,8 @@
 
 Selected through `GenerationConfig` attributes (they survive transformers' kwarg validation):
 
-- `dspark_policy`: `"fixed"` (default), `"greedy"` (Algorithm 1), `"lagged"` (lagged-capacity top-K) or
+- `dspark_policy`: `"auto"` (cost-aware: drafts only when it is expected to pay, `cost_policy`), `"fixed"`,
+  `"greedy"` (Algorithm 1), `"lagged"` (lagged-capacity top-K) or
   `"threshold"` (static confidence threshold), or `"greedy_padded"` / `"lagged_padded"`, the same two rules under
   the padded batch's real cost R·(1 + max ℓ_r) (one uniform ℓ for all rows; see `hf_dspark.padded_scheduler`).
   The load-aware policies need a drafter with a confidence head.
@@ -11,6 +12,9 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
 - `dspark_step_curve`: a `StepCurve` or a path to its JSON, for `"greedy"` and `"lagged"`. When unset, the curve
   of the target's (model, device, dtype, torch threads) is taken from the user cache or the curves shipped with
   the package, or profiled once (`hf_dspark.profiling.load_or_profile_step_curve`).
+- `dspark_draft_curve`: a `StepCurve` (proposals per second against rows R) or its JSON path, for `"auto"`.
+  When unset, the drafter's curve (`hf_dspark.profiling.load_or_profile_draft_curve`); model-free drafters
+  (oracle, prompt lookup) count as free.
 - `dspark_record_confidence`: when True, the statistics keep every round's raw confidence logits, so that
   `stats.calibration_pairs()` yields held-out (logits, prefix survival) pairs for STS (`hf-dspark calibrate`).
 
@@ -22,18 +26,25 @@ them into `DSparkGenerationStats.expected_tokens` / `expected_throughput`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers.utils import logging
 
 from ..functional import prefix_survival
-from ..modeling_dspark import DSparkProposal
+from ..padded_scheduler import sunk_cost_stop
+from ..step_curve import StepCurve
+from .acceptance import AcceptanceMemory, AcceptanceTracker, memory_for
+from .cost_policy import CostAwarePlanner, DraftPlan, seconds_per_call
+
+if TYPE_CHECKING:
+    from ..modeling_dspark import DSparkProposal
 
 logger = logging.get_logger(__name__)
 
-POLICIES = ("fixed", "greedy", "lagged", "threshold", "greedy_padded", "lagged_padded")
-LOAD_AWARE = ("greedy", "lagged", "greedy_padded", "lagged_padded")
+POLICIES = ("auto", "fixed", "greedy", "lagged", "threshold", "greedy_padded", "lagged_padded")
+LOAD_AWARE = ("auto", "greedy", "lagged", "greedy_padded", "lagged_padded")
+DEFAULT_POLICY = "fixed"
 
 
 @dataclass
@@ -49,15 +60,31 @@ class ScheduleRecord:
 
 @dataclass
 class VerificationPolicy:
-    """Chooses `verify_len` `[A]` from a proposal; `cap` `[A]` bounds it (e.g. the remaining token budget − 1)."""
+    """Chooses each round's drafting rows (`plan`, before the drafter runs) and `verify_len` `[A]` (`__call__`,
+    from the proposal; `cap` `[A]` bounds it, e.g. the remaining token budget − 1); `observe` feeds back what
+    verification accepted.
+
+    Args:
+        name: one of `POLICIES`.
+        block_size: γ.
+        verify_len: ℓ of `"fixed"` (default γ).
+        threshold: survival threshold of `"threshold"`.
+        step_curve: SPS(B) (`StepCurve` or JSON path), for the load-aware policies.
+        draft_curve: the drafter's proposals per second against rows (`StepCurve` or path), for `"auto"`.
+        memory_key: the drafter, whose pooled acceptance `"auto"` remembers across calls (None: this call only).
+    """
 
     name: str = "fixed"
     block_size: int = 4
     verify_len: int | None = None
     threshold: float = 0.5
     step_curve: Any = None
+    draft_curve: Any = None
+    memory_key: Any = field(default=None, repr=False)
     last_schedule: ScheduleRecord = field(default_factory=ScheduleRecord, repr=False)
     _previous_survival: torch.Tensor | None = field(default=None, repr=False)
+    _planner: CostAwarePlanner | None = field(default=None, repr=False)
+    _plan: DraftPlan = field(default_factory=DraftPlan, repr=False)
 
     def __post_init__(self) -> None:
         if self.name not in POLICIES:
@@ -70,15 +97,36 @@ class VerificationPolicy:
                 "StepCurve or the path of one saved by `hf-dspark profile`."
             )
         if isinstance(self.step_curve, str):
-            from ..scheduler import StepCurve
-
             self.step_curve = StepCurve.load(self.step_curve)
+        if isinstance(self.draft_curve, str):
+            self.draft_curve = StepCurve.load(self.draft_curve)
+        if self.name == "auto":
+            memory = memory_for(self.memory_key, self.block_size) if self.memory_key is not None else None
+            tracker = AcceptanceTracker(self.block_size, memory or AcceptanceMemory.empty(self.block_size))
+            self._planner = CostAwarePlanner(tracker, self.step_curve, self.draft_curve)
+
+    def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
+        """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them."""
+        self._plan = self._planner.plan(rows, cap) if self._planner is not None else DraftPlan()
+        return self._plan
+
+    def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
+        """What verification kept this round (all active rows, ℓ = 0 for those that did not draft)."""
+        if self._planner is not None:
+            self._planner.tracker.observe(rows, verify_len, accepted)
+
+    def forget(self, rows: list[Any]) -> None:
+        """Rows (ids) that left the batch."""
+        if self._planner is not None:
+            self._planner.tracker.forget(rows)
 
     def __call__(self, proposal: DSparkProposal, cap: torch.Tensor) -> torch.Tensor:
         rows = proposal.draft_ids.shape[0]
         device = proposal.draft_ids.device
         survival = prefix_survival(proposal.confidence) if proposal.confidence is not None else None
-        if self.name == "fixed":
+        if self.name == "auto":
+            chosen = self._auto_length(survival, rows, device)
+        elif self.name == "fixed":
             length = self.block_size if self.verify_len is None else self.verify_len
             chosen = torch.full((rows,), length, dtype=torch.long, device=device)
         else:
@@ -86,6 +134,15 @@ class VerificationPolicy:
         verify_len = torch.minimum(chosen, cap.clamp_min(0))
         self.last_schedule = self._expectation(survival, verify_len)
         return verify_len
+
+    def _auto_length(self, survival: torch.Tensor | None, rows: int, device) -> torch.Tensor:
+        """The planned L, cut by the sunk-cost early stop on this round's survivals when there are any."""
+        length = int(self._plan.length if self._plan.length is not None else self.block_size)
+        if survival is not None and not self._plan.probe:
+            total = len(self._planner.last_estimate) if self._planner.last_estimate is not None else rows
+            sunk = float(seconds_per_call(self.draft_curve, torch.tensor([rows]))[0])
+            length = sunk_cost_stop(survival, total, self.step_curve, sunk, length)
+        return torch.full((rows,), length, dtype=torch.long, device=device)
 
     def _scheduled(self, survival: torch.Tensor | None) -> torch.Tensor:
         if survival is None:
@@ -119,27 +176,37 @@ class VerificationPolicy:
         return ScheduleRecord(tau, tau * self.step_curve.steps_per_second_at(batch_tokens))
 
 
+
 def _attr_or(config, name: str, default):
     value = getattr(config, name, None)
     return default if value is None else value
 
 
-def policy_from_config(generation_config, block_size: int, target=None) -> VerificationPolicy:
+def policy_from_config(generation_config, block_size: int, target=None, drafter=None) -> VerificationPolicy:
     """Build the policy from `generation_config`'s `dspark_*` attributes (see the module docstring).
 
     target: the target model; when given, a load-aware policy without `dspark_step_curve` gets the curve of this
-    target's (model, device, dtype, current torch threads) from `load_or_profile_step_curve`.
+    target's (model, device, dtype, current torch threads) from `load_or_profile_step_curve`. drafter: for
+    `"auto"`, whose cost curve is looked up the same way (`load_or_profile_draft_curve`) and whose pooled
+    acceptance is remembered across calls.
     """
-    name = getattr(generation_config, "dspark_policy", None) or "fixed"
+    name = getattr(generation_config, "dspark_policy", None) or DEFAULT_POLICY
     step_curve = getattr(generation_config, "dspark_step_curve", None)
+    draft_curve = getattr(generation_config, "dspark_draft_curve", None)
     if name in LOAD_AWARE and step_curve is None and target is not None:
         from ..profiling import load_or_profile_step_curve
 
         step_curve = load_or_profile_step_curve(target)
+    if name == "auto" and draft_curve is None and drafter is not None:
+        from ..profiling import load_or_profile_draft_curve
+
+        draft_curve = load_or_profile_draft_curve(drafter)
     return VerificationPolicy(
         name=name,
         block_size=block_size,
         verify_len=getattr(generation_config, "dspark_verify_len", None),
         threshold=_attr_or(generation_config, "dspark_threshold", 0.5),
         step_curve=step_curve,
+        draft_curve=draft_curve,
+        memory_key=drafter,
     )

@@ -5,13 +5,16 @@ from __future__ import annotations
 import torch
 
 from ..binding import validate_target_shape
-from ..modeling_dspark import DSparkDrafter
+from .drafting import is_draft_model
 
 
 def validate_call(model, drafter, generation_config) -> None:
     """Raise a clear error for every setting the DSpark loop does not support."""
-    if not isinstance(drafter, DSparkDrafter):
-        raise TypeError(f"the DSpark loop needs a DSparkDrafter as assistant, got {type(drafter).__name__}")
+    if not is_draft_model(drafter):
+        raise TypeError(
+            f"the DSpark loop needs a DSpark drafter as assistant (a DSparkDrafter, or an object with config."
+            f"block_size, init_cache, extend_context and propose), got {type(drafter).__name__}"
+        )
     if getattr(model.config, "is_encoder_decoder", False):
         raise ValueError("DSpark speculative decoding supports decoder-only targets, not encoder-decoder models.")
     if (generation_config.num_beams or 1) > 1:
@@ -26,6 +29,9 @@ def validate_call(model, drafter, generation_config) -> None:
             "output_attentions / output_hidden_states are not available with DSpark (the target runs on "
             "ragged verification blocks); use output_scores or output_logits."
         )
+    if not hasattr(drafter, "bind_target"):  # a model-free drafter (oracle, prompt lookup): nothing to bind
+        validate_target_shape(drafter.config, model)
+        return
     if drafter.is_bound and not drafter.bound_to(model):
         raise ValueError(
             "This drafter is bound to a different target model instance. Bind it to the model you generate "

@@ -1,14 +1,34 @@
-"""Statistics of one DSpark `generate` call, reachable afterwards as `drafter.last_generation_stats`."""
+"""Statistics of one DSpark `generate` call, reachable afterwards as `drafter.last_generation_stats`.
+
+`DSparkGenerationStats` is a round observer (`on_round`). The loop files the finished statistics under the drafter
+in a weak registry (`remember_stats`); `last_generation_stats(drafter)` reads it, and so does the drafters'
+`last_generation_stats` property: nothing is set on the drafter object.
+"""
 
 from __future__ import annotations
 
+import math
+import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
     from .policy import ScheduleRecord
+    from .round import RoundRecord
+
+_LAST_STATS: weakref.WeakKeyDictionary[Any, DSparkGenerationStats] = weakref.WeakKeyDictionary()
+
+
+def remember_stats(drafter: Any, stats: DSparkGenerationStats) -> None:
+    """File `stats` as the drafter's last generation (a weak reference to the drafter; nothing set on it)."""
+    _LAST_STATS[drafter] = stats
+
+
+def last_generation_stats(drafter: Any) -> DSparkGenerationStats | None:
+    """Statistics of the last DSpark `generate` call made with `drafter` (None before the first)."""
+    return _LAST_STATS.get(drafter)
 
 
 @dataclass
@@ -36,6 +56,9 @@ class DSparkGenerationStats:
         compactions: how often the target cache was compacted.
         max_cache_width: the widest the target KV cache got (slots, holes included).
         draft_seconds / verify_seconds: wall time spent drafting (incl. scheduling) and verifying.
+        policy_seconds: wall time of the policy's decisions alone (included in draft_seconds).
+        drafted_rows: per round, how many rows ran the drafter (0: the round decoded plainly).
+        probes: rounds the "auto" policy drafted only to refresh its estimates.
     """
 
     batch_size: int
@@ -57,6 +80,27 @@ class DSparkGenerationStats:
     expected_throughput: list[float | None] = field(default_factory=list)
     record_confidence: bool = False
     confidence_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
+    policy_seconds: float = 0.0
+    drafted_rows: list[int] = field(default_factory=list)
+    probes: int = 0
+
+    def on_round(self, record: RoundRecord) -> None:
+        """Round observer: file one `RoundRecord`."""
+        logits = record.confidence_logits
+        if self.record_confidence and logits is None and record.drafted == 0:
+            logits = torch.full((len(record.rows), self.block_size), math.nan)  # a plain-decoding round
+        self.record_schedule(record.schedule, logits)
+        self.record_round(record.rows, record.verify_len, record.accepted, record.committed)
+        self.drafted_rows.append(record.drafted)
+        self.probes += int(record.probe)
+        self.draft_seconds += record.draft_seconds + record.policy_seconds
+        self.policy_seconds += record.policy_seconds
+        self.verify_seconds += record.verify_seconds
+
+    @property
+    def skipped_rounds(self) -> int:
+        """Rounds that decoded plainly, without the drafter's forward."""
+        return sum(1 for count in self.drafted_rows if count == 0)
 
     def record_schedule(self, schedule: ScheduleRecord, confidence_logits: torch.Tensor | None = None) -> None:
         """Called once per round, right after the policy: its expectation, and the raw logits if recording."""
@@ -132,4 +176,6 @@ class DSparkGenerationStats:
             "draft_tokens_verified": self.draft_tokens_verified,
             "draft_tokens_accepted": self.draft_tokens_accepted,
             "mean_batch_tokens": round(self.mean_batch_tokens, 4),
+            "skipped_rounds": self.skipped_rounds,
+            "probes": self.probes,
         }

@@ -1,0 +1,120 @@
+"""Realised acceptance per request, from earlier rounds only: the lagged estimates the "auto" policy plans with.
+
+Per request r and draft position j the tracker keeps decayed counts of the conditional acceptance
+q_{r,j} = P(x_j accepted | x_<j accepted): a round that verified ℓ drafts and accepted m observes positions
+1..min(m + 1, ℓ) (accepted for j ≤ m, rejected at m + 1); later positions are censored and keep their counts.
+The estimated prefix survival is â_{r,j} = ∏_{i≤j} q̂_{r,i} with q̂ = (succ + w·q_pool) / (trials + w), where the
+pooled q_pool over all requests (and over earlier `generate` calls with the same drafter, `AcceptanceMemory`)
+is the prior of a request that has not been observed yet.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class AcceptanceMemory:
+    """Pooled decayed counts `[γ]` over every observed row (the prior of new requests)."""
+
+    successes: torch.Tensor
+    trials: torch.Tensor
+    rounds_since_probe: int = 0
+    probe_interval: int = 0
+
+    @classmethod
+    def empty(cls, block_size: int) -> AcceptanceMemory:
+        return cls(torch.zeros(block_size, dtype=torch.float64), torch.zeros(block_size, dtype=torch.float64))
+
+    @property
+    def observed(self) -> bool:
+        return bool(self.trials[0] > 0)
+
+
+_MEMORIES: weakref.WeakKeyDictionary[Any, AcceptanceMemory] = weakref.WeakKeyDictionary()
+
+
+def memory_for(drafter: Any, block_size: int) -> AcceptanceMemory:
+    """The pooled acceptance memory of `drafter` across calls (a fresh one for an unseen drafter or γ)."""
+    try:
+        memory = _MEMORIES.get(drafter)
+    except TypeError:  # not weak-referenceable: no memory across calls
+        return AcceptanceMemory.empty(block_size)
+    if memory is None or memory.trials.numel() != block_size:
+        memory = AcceptanceMemory.empty(block_size)
+        _MEMORIES[drafter] = memory
+    return memory
+
+
+def observed_positions(verify_len: torch.Tensor, accepted: torch.Tensor, block_size: int) -> tuple[torch.Tensor,
+                                                                                                      torch.Tensor]:
+    """(observed, accepted) bool `[R, γ]`: position j (1-based j = index + 1) is observed iff j ≤ min(m + 1, ℓ)."""
+    positions = torch.arange(1, block_size + 1)[None, :]
+    seen = positions <= torch.minimum(accepted + 1, verify_len)[:, None]
+    return seen, positions <= accepted[:, None]
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per-request conditional acceptance counts; `survival(rows)` gives the lagged â `[R, γ]`.
+
+    Args:
+        block_size: γ.
+        memory: pooled counts shared with later calls (updated in place).
+        decay: each new observation of a position multiplies the old counts by this (a window of ≈ 1/(1 − decay)).
+        prior_weight: pseudo-trials w of the pooled prior in each request's estimate.
+        prior: q used for the pool before anything was observed.
+        pool_decay: per-round decay of the pooled counts.
+    """
+
+    block_size: int
+    memory: AcceptanceMemory
+    decay: float = 0.8
+    prior_weight: float = 1.0
+    prior: float = 0.5
+    pool_decay: float = 0.95
+    _rows: dict[Any, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.decay < 1.0 or self.prior_weight <= 0 or not 0.0 < self.prior < 1.0:
+            raise ValueError("AcceptanceTracker needs 0 <= decay < 1, prior_weight > 0 and 0 < prior < 1.")
+
+    def observed(self, row: Any) -> bool:
+        return row in self._rows
+
+    def pooled(self) -> torch.Tensor:
+        """q_pool `[γ]`: the pooled conditional acceptance (the prior before any observation)."""
+        memory = self.memory
+        return (memory.successes + self.prior * self.prior_weight) / (memory.trials + self.prior_weight)
+
+    def survival(self, rows: list[Any]) -> torch.Tensor:
+        """â `[R, γ]` (float64, CPU) for `rows` from their own counts and the pooled prior."""
+        pooled = self.pooled()
+        empty = torch.zeros(self.block_size, dtype=torch.float64)
+        succ = torch.stack([self._rows.get(r, (empty, empty))[0] for r in rows]) if rows else empty[None, :0]
+        trials = torch.stack([self._rows.get(r, (empty, empty))[1] for r in rows]) if rows else empty[None, :0]
+        q = (succ + self.prior_weight * pooled) / (trials + self.prior_weight)
+        return q.cumprod(dim=-1)
+
+    def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]` (rows with ℓ = 0 skip)."""
+        verify_len, accepted = verify_len.cpu().long(), accepted.cpu().long()
+        seen, kept = observed_positions(verify_len, accepted, self.block_size)
+        seen_f, kept_f = seen.to(torch.float64), kept.to(torch.float64)
+        decay = torch.where(seen, torch.full_like(seen_f, self.decay), torch.ones_like(seen_f))
+        for i, row in enumerate(rows):
+            if int(verify_len[i]) == 0:
+                continue
+            succ, trials = self._rows.get(row, (torch.zeros_like(seen_f[i]), torch.zeros_like(seen_f[i])))
+            self._rows[row] = (succ * decay[i] + kept_f[i], trials * decay[i] + seen_f[i])
+        pool = torch.where(seen.any(dim=0), torch.full_like(seen_f[0], self.pool_decay), torch.ones_like(seen_f[0]))
+        self.memory.successes = self.memory.successes * pool + kept_f.sum(dim=0)
+        self.memory.trials = self.memory.trials * pool + seen_f.sum(dim=0)
+
+    def forget(self, rows: list[Any]) -> None:
+        for row in rows:
+            self._rows.pop(row, None)

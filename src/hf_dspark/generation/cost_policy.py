@@ -1,0 +1,114 @@
+"""The "auto" policy's decision before drafting: which rows draft and how many drafts they verify, or none.
+
+Per round, from the realised acceptances of earlier rounds only (`AcceptanceTracker`), the target's step curve
+SPS(B) and the drafter's cost curve (proposals per second against rows R), `draft_or_decode` maximises
+Θ = E[committed tokens] / (T_verify(R·(1 + L)) + T_draft(k)) over the padded layout's real B, including k = 0:
+decode plainly, without the drafter's forward. Since nothing of the current round is read, the choice is a
+function of the past like a fixed ℓ, and verification stays exact (Appendix A's argument, with the stopping
+rule measurable with respect to earlier rounds).
+
+Skipping stops the estimates from updating, so a *probe* drafts the skipped rows now and then, at the L that
+would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
+`probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain round)), clamped to
+[`min_interval`, `max_interval`]. A drafter never observed before probes in its first round.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..padded_scheduler import draft_or_decode
+from .acceptance import AcceptanceTracker
+
+
+@dataclass
+class DraftPlan:
+    """Rows that draft this round (`rows`, indices into the active rows; None = all) and their planned uniform
+    verification length (`length`; None = the policy decides from the proposal). `probe`: a refresh round."""
+
+    rows: torch.Tensor | None = None
+    length: int | None = None
+    probe: bool = False
+
+    @property
+    def drafts(self) -> bool:
+        return self.rows is None or self.rows.numel() > 0
+
+
+def seconds_per_call(curve, counts: torch.Tensor) -> torch.Tensor:
+    """1 / SPS at each count (float64), or zeros without a curve."""
+    if curve is None:
+        return torch.zeros(counts.shape, dtype=torch.float64)
+    return 1.0 / curve.steps_per_second_at(counts.clamp_min(1)).to(torch.float64)
+
+
+@dataclass
+class CostAwarePlanner:
+    """Plans each round for policy "auto" (see the module docstring).
+
+    Args:
+        tracker: per-request realised acceptance (its memory also holds the probe schedule across calls).
+        step_curve: SPS(B) of the target's verification forward.
+        draft_curve: proposals per second of the drafter at R rows (None: drafting costs nothing).
+        probe_budget: fraction of time probes may cost.
+        min_interval / max_interval: bounds of the rounds between probes.
+        optimistic: conditional acceptance assumed when choosing a probe's rows and L.
+    """
+
+    tracker: AcceptanceTracker
+    step_curve: Any
+    draft_curve: Any = None
+    probe_budget: float = 0.02
+    min_interval: int = 8
+    max_interval: int = 512
+    optimistic: float = 0.95
+    last_estimate: torch.Tensor | None = field(default=None, repr=False)
+
+    def draft_seconds(self, rows: int) -> torch.Tensor:
+        """T_draft(k) for k = 0..rows, `[rows + 1]` (k = 0 costs nothing)."""
+        seconds = seconds_per_call(self.draft_curve, torch.arange(rows + 1))
+        seconds[0] = 0.0
+        return seconds
+
+    def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
+        """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify."""
+        count, gamma = len(rows), self.tracker.block_size
+        cap = cap.detach().cpu().clamp(0, gamma)
+        survival = self.tracker.survival(rows)
+        chosen, length = draft_or_decode(self._expected(survival, cap), self.step_curve, self.draft_seconds(count))
+        self.last_estimate = survival
+        memory = self.tracker.memory
+        if length > 0:
+            memory.rounds_since_probe = 0
+            return DraftPlan(rows=chosen.nonzero().flatten(), length=length)
+        memory.rounds_since_probe += 1
+        due = not memory.observed or memory.rounds_since_probe >= max(memory.probe_interval, self.min_interval)
+        if not due or not bool((cap > 0).any()):
+            return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
+        hopeful = torch.full((count, gamma), self.optimistic, dtype=torch.float64).cumprod(dim=-1)
+        chosen, length = draft_or_decode(self._expected(hopeful, cap), self.step_curve, self.draft_seconds(count))
+        if length == 0:  # drafting would not pay even with good drafts: no probe needed
+            return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
+        memory.rounds_since_probe = 0
+        memory.probe_interval = self._interval(count, int(chosen.sum()), length)
+        return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True)
+
+    @staticmethod
+    def _expected(survival: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+        """E_r(L) = 1 + Σ_{j≤min(L, cap_r)} â_{r,j}, `[R, γ + 1]`."""
+        gamma = survival.shape[1]
+        allowed = torch.arange(1, gamma + 1)[None, :] <= cap[:, None]
+        gains = (survival * allowed).cumsum(dim=-1)
+        return torch.cat([torch.ones(survival.shape[0], 1, dtype=gains.dtype), 1.0 + gains], dim=1)
+
+    def _interval(self, rows: int, drafting: int, length: int) -> int:
+        """Rounds until the next probe so that probes cost ≤ probe_budget of the time."""
+        plain = float(seconds_per_call(self.step_curve, torch.tensor([rows]))[0])
+        probe = float(seconds_per_call(self.step_curve, torch.tensor([rows * (1 + length)]))[0])
+        extra = probe - plain + float(self.draft_seconds(rows)[drafting])
+        wanted = math.ceil(extra / max(self.probe_budget * plain, 1e-12))
+        return int(min(max(wanted, self.min_interval), self.max_interval))

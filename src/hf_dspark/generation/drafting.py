@@ -1,0 +1,120 @@
+"""The drafter protocol the round kernel talks to, and a context cache for model-free drafters.
+
+A drafter is anything with a `config` (`block_size` γ, `vocab_size`, `target_layer_ids`) and three methods:
+
+- `init_cache(batch_size)`: an empty per-row context cache (it must offer `select_rows(index)` and a static
+  `concat(caches)`, like `DSparkDraftCache`);
+- `extend_context(cache, features, valid)`: append the committed tokens' tapped target features `[R, n, ·]`
+  (`valid` `[R, n]` marks real entries; `features` is None when the drafter taps no layer);
+- `propose(anchor_ids, cache, *, do_sample, logits_processor, row_ids, histories)` -> a `DSparkProposal`.
+
+`DSparkDrafter` satisfies it; so do the oracle and prompt-lookup drafters of `hf_dspark.eval`, which are plain
+classes. Optional: `bind_target(target)` / `bound_to(target)` / `is_bound` (checked by `generate`), and
+`draft_curve`, a `StepCurve` of proposals per second against rows (model-free drafters: None, cost ≈ 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from .processors import RowProcessors
+
+
+@runtime_checkable
+class DraftModel(Protocol):
+    """What the round kernel needs from a drafter (see the module docstring)."""
+
+    config: Any
+
+    def init_cache(self, batch_size: int) -> Any: ...
+
+    def extend_context(self, cache: Any, target_hidden: torch.Tensor | None, valid: torch.Tensor) -> None: ...
+
+    def propose(self, anchor_ids: torch.Tensor, cache: Any, **kwargs: Any) -> Any: ...
+
+
+def is_draft_model(obj: Any) -> bool:
+    """True when `obj` follows the `DraftModel` protocol (a DSpark drafter, the oracle, prompt lookup...)."""
+    return isinstance(obj, DraftModel) and hasattr(getattr(obj, "config", None), "block_size")
+
+
+def feature_layers(drafter: DraftModel) -> list[int]:
+    """`output_hidden_states` indices the drafter reads (layer i's output is hidden_states[i + 1])."""
+    return [i + 1 for i in (getattr(drafter.config, "target_layer_ids", None) or [])]
+
+
+def draft_logits_processor(
+    processors: RowProcessors, rows: Sequence[int], histories: Sequence[torch.Tensor]
+) -> Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None:
+    """The `logits_processor(k, drafts_so_far, logits)` that gives drafts the target's processing on the same
+    prefix: row i's history `histories[i]` followed by its drafts so far (None when there is nothing to apply)."""
+    if processors.is_empty:
+        return None
+
+    def process(k: int, drafts_so_far: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        prefixes = histories
+        if not processors.history_free:
+            prefixes = [torch.cat([h, d]) for h, d in zip(histories, drafts_so_far)]
+        return processors.apply(rows, prefixes, logits)
+
+    return process
+
+
+@dataclass
+class ContextLengths:
+    """The context cache of a model-free drafter: only each row's committed-token count `[R]`."""
+
+    lengths: torch.Tensor
+
+    @classmethod
+    def empty(cls, batch_size: int, device: torch.device | str = "cpu") -> ContextLengths:
+        return cls(torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def advance(self, counts: torch.Tensor) -> None:
+        self.lengths = self.lengths + counts.to(self.lengths)
+
+    def select_rows(self, rows: torch.Tensor) -> ContextLengths:
+        return ContextLengths(self.lengths.index_select(0, rows.to(self.lengths.device)))
+
+    @staticmethod
+    def concat(caches: list[ContextLengths]) -> ContextLengths:
+        return ContextLengths(torch.cat([c.lengths for c in caches]))
+
+
+class ModelFreeDrafter:
+    """Base of drafters without a network (oracle, prompt lookup): a `DSparkConfig`-like `config`, a
+    `ContextLengths` cache that only counts committed tokens, and no cost curve (`draft_curve = None`).
+
+    Subclasses implement `propose`. `generate(assistant_model=drafter)` works once the target is DSpark-enabled
+    (`hf_dspark.enable(target)`).
+    """
+
+    draft_curve = None
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+
+    def init_cache(self, batch_size: int, capacity: int | None = None) -> ContextLengths:
+        return ContextLengths.empty(batch_size)
+
+    def extend_context(self, cache: ContextLengths, target_hidden: torch.Tensor | None, valid: torch.Tensor) -> None:
+        cache.advance(valid.sum(dim=1).cpu())
+
+    @property
+    def last_generation_stats(self):
+        """Statistics of the last DSpark `generate` call with this drafter (None before the first)."""
+        from .stats import last_generation_stats
+
+        return last_generation_stats(self)
+
+    def one_hot(self, drafts: torch.Tensor, wanted: bool) -> torch.Tensor | None:
+        """One-hot draft distributions `[R, γ, V]` when `wanted` (sampling), else None."""
+        return torch.nn.functional.one_hot(drafts, self.config.vocab_size).float() if wanted else None

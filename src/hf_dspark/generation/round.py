@@ -1,0 +1,193 @@
+"""The DSpark round, written once for `generate` (`loop.DSparkLoop`) and the serving engine (`engine.DSparkEngine`).
+
+One round for the running rows: plan (which rows draft; the "auto" policy may choose none) → propose → choose
+ℓ_r → one ragged target forward → verify → commit (the caller's per-row callback: stopping criteria, EOS,
+budgets, streaming) → extend the drafter's context with the committed tokens' tapped target features. The
+context is extended on every round, drafted or not, so the drafter is ready whenever drafting resumes.
+Observers (`RoundObserver.on_round`) receive a `RoundRecord` per round; nothing is written onto the drafter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..verification import VerificationResult, verify_greedy, verify_sampling
+from .cost_policy import DraftPlan
+from .drafting import draft_logits_processor, feature_layers
+from .policy import ScheduleRecord, VerificationPolicy
+from .processors import RowProcessors
+from .target_cache import RaggedTargetCache
+
+# (active index a, tokens to commit, processed scores [n, V], raw logits [n, V]) -> how many were kept
+CommitFn = Callable[[int, list[int], torch.Tensor, torch.Tensor], int]
+
+
+@dataclass
+class RoundRecord:
+    """What one round did. Lists are per active row, in `rows` order.
+
+    rows: the caller's row ids (batch index in `generate`, request id in the engine); verify_len: ℓ_r; accepted:
+    drafts verification accepted; committed: tokens actually kept (EOS / budgets may cut); drafted: rows that ran
+    the drafter (0: a plain-decoding round); probe: the round refreshed the "auto" policy's estimates;
+    schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (NaN for rows that did
+    not draft) or None; *_seconds: wall time of the policy's decisions, the drafter, and the target forward with
+    verification and commit.
+    """
+
+    rows: list[Any]
+    verify_len: list[int]
+    accepted: list[int]
+    committed: list[int]
+    drafted: int
+    probe: bool = False
+    schedule: ScheduleRecord = field(default_factory=ScheduleRecord)
+    confidence_logits: torch.Tensor | None = None
+    policy_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+
+class RoundObserver(Protocol):
+    def on_round(self, record: RoundRecord) -> None: ...
+
+
+@dataclass
+class RoundBatch:
+    """The running rows' state between rounds: ids, anchors `[A]`, the ragged target cache and the draft cache."""
+
+    rows: list[Any]
+    anchor: torch.Tensor
+    target_cache: RaggedTargetCache
+    draft_cache: Any | None = None
+
+    def keep(self, keep: Sequence[int]) -> None:
+        """Keep the active positions `keep` (finished rows leave)."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.anchor.device)
+        self.rows = [self.rows[a] for a in keep]
+        self.anchor = self.anchor.index_select(0, index)
+        self.target_cache.select_rows(index)
+        if self.draft_cache is not None:
+            self.draft_cache = self.draft_cache.select_rows(index)
+
+    def extend(self, other: RoundBatch) -> None:
+        """Append the rows of `other` (newly admitted requests)."""
+        self.rows += other.rows
+        self.anchor = torch.cat([self.anchor, other.anchor])
+        self.target_cache.add_rows(other.target_cache)
+        if self.draft_cache is not None:
+            self.draft_cache = type(self.draft_cache).concat([self.draft_cache, other.draft_cache])
+
+
+def _scatter(values: torch.Tensor, index: torch.Tensor | None, rows: int, fill: float | int = 0) -> torch.Tensor:
+    """Rows of `values` placed at `index` of a `[rows, ...]` tensor filled with `fill` (index None: as is)."""
+    if index is None:
+        return values
+    out = values.new_full((rows, *values.shape[1:]), fill)
+    return out.index_copy(0, index.to(values.device), values)
+
+
+class RoundKernel:
+    """Runs rounds for one target, drafter (None: plain decoding) and policy.
+
+    Args:
+        target: the target causal LM.
+        drafter: a `DraftModel` (`hf_dspark.generation.drafting`), or None to decode plainly every round.
+        policy: the `VerificationPolicy` (ignored without a drafter).
+        processors: the logits processing both the drafts and the target's scores get (`RowProcessors`).
+        do_sample: speculative sampling instead of greedy verification.
+        observers: called with every round's `RoundRecord`.
+    """
+
+    def __init__(self, target, drafter, policy: VerificationPolicy | None, processors: RowProcessors,
+                 do_sample: bool, observers: Sequence[RoundObserver] = ()) -> None:
+        self.target, self.drafter, self.policy = target, drafter, policy
+        self.processors, self.do_sample = processors, do_sample
+        self.observers = list(observers)
+        self.taps = feature_layers(drafter) if drafter is not None else []
+
+    def start(self, rows: list[Any], anchor: torch.Tensor, target_cache: RaggedTargetCache,
+              features: torch.Tensor | None, valid: torch.Tensor) -> RoundBatch:
+        """A batch after prefill: the drafter's context gets the prompt's features (`valid` `[R, L]`)."""
+        draft_cache = None
+        if self.drafter is not None:
+            draft_cache = self.drafter.init_cache(len(rows))
+            self.drafter.extend_context(draft_cache, features, valid)
+        return RoundBatch(list(rows), anchor, target_cache, draft_cache)
+
+    # ------------------------------------------------------------------ one round
+    def step(self, batch: RoundBatch, histories: Sequence[torch.Tensor], cap: torch.Tensor,
+             commit: CommitFn) -> RoundRecord:
+        """One round for every row of `batch`; cap `[A]`: the most drafts row a may verify (budget − 1)."""
+        start = time.perf_counter()
+        plan = self.policy.plan(batch.rows, cap) if self.drafter is not None else DraftPlan(rows=cap[:0].long())
+        planned = time.perf_counter()
+        drafts, draft_probs, verify_len, record = self._draft(batch, histories, cap, plan)
+        drafted = time.perf_counter()
+        record.policy_seconds += planned - start
+        steps = 1 + int(verify_len.max()) if verify_len.numel() else 1
+        drafts = drafts[:, : steps - 1]
+        inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
+        input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
+        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps)
+        scores = self.processors.apply_positions(batch.rows, histories, drafts, out.logits, verify_len + 1)
+        result = self._verify(drafts, draft_probs, scores, verify_len, steps)
+        accepted = result.num_accepted
+        for a in range(len(batch.rows)):
+            m = int(accepted[a])
+            tokens = [*drafts[a, :m].tolist(), int(result.next_token[a])]
+            record.committed.append(commit(a, tokens, scores[a, : m + 1], out.logits[a, : m + 1]))
+        kept_slots = 1 + accepted
+        batch.target_cache.commit_last(steps, kept_slots)
+        if self.drafter is not None:  # every round, drafted or not: the context stays complete
+            valid = torch.arange(steps, device=inputs.device)[None, :] < kept_slots[:, None]
+            self.drafter.extend_context(batch.draft_cache, out.features, valid)
+            self.policy.observe(batch.rows, verify_len, accepted)
+        batch.anchor = result.next_token
+        record.verify_len, record.accepted = verify_len.tolist(), accepted.tolist()
+        record.verify_seconds = time.perf_counter() - drafted
+        for observer in self.observers:
+            observer.on_round(record)
+        return record
+
+    def _draft(self, batch: RoundBatch, histories, cap: torch.Tensor, plan: DraftPlan):
+        """Propose for the planned rows and choose ℓ: (drafts `[A, γ']`, draft_probs or None, verify_len `[A]`,
+        a record with the policy's share of the time)."""
+        rows, device = len(batch.rows), batch.anchor.device
+        verify_len = torch.zeros(rows, dtype=torch.long, device=device)
+        record = RoundRecord(list(batch.rows), [], [], [], drafted=0, probe=plan.probe)
+        if not plan.drafts:
+            return batch.anchor.new_zeros(rows, 0), None, verify_len, record
+        index = plan.rows if plan.rows is not None and plan.rows.numel() < rows else None
+        sub_rows = batch.rows if index is None else [batch.rows[i] for i in index.tolist()]
+        sub_hist = list(histories) if index is None else [histories[i] for i in index.tolist()]
+        cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(index.to(device))
+        anchor = batch.anchor if index is None else batch.anchor.index_select(0, index.to(device))
+        proposed_at = time.perf_counter()
+        proposal = self.drafter.propose(
+            anchor, cache, do_sample=self.do_sample, row_ids=sub_rows, histories=sub_hist,
+            logits_processor=draft_logits_processor(self.processors, sub_rows, sub_hist),
+        )
+        chosen_at = time.perf_counter()
+        sub_cap = cap if index is None else cap.index_select(0, index.to(cap.device))
+        sub_len = self.policy(proposal, sub_cap)
+        record.policy_seconds = time.perf_counter() - chosen_at
+        record.draft_seconds = chosen_at - proposed_at
+        record.drafted = len(sub_rows)
+        record.schedule = self.policy.last_schedule
+        if proposal.confidence_logits is not None:
+            record.confidence_logits = _scatter(proposal.confidence_logits, index, rows, float("nan"))
+        drafts = _scatter(proposal.draft_ids, index, rows)
+        probs = proposal.draft_probs[:, : int(sub_len.max())] if self.do_sample else None
+        return drafts, _scatter(probs, index, rows) if probs is not None else None, _scatter(sub_len, index, rows), \
+            record
+
+    def _verify(self, drafts, draft_probs, scores, verify_len, steps) -> VerificationResult:
+        if self.do_sample:
+            probs = draft_probs[:, : steps - 1] if draft_probs is not None else scores[:, :0]
+            return verify_sampling(drafts, probs, torch.softmax(scores, dim=-1), verify_len)
+        return verify_greedy(drafts, scores.argmax(dim=-1), verify_len)
