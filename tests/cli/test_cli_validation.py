@@ -34,6 +34,7 @@ def _usage_error(argv: list[str], capsys) -> str:
         (["--threads", "two"], "--threads: expected an integer >= 1, got 'two'"),
         (["--prompt", "  "], "--prompt is empty"),
         (["--drafter", "no/such/folder"], "--drafter no/such/folder: no such folder"),
+        (["--device", "gpu0"], "--device: not a torch device: 'gpu0'"),
     ],
 )
 def test_demo_validates_before_loading(argv, expected, capsys, no_model_load):
@@ -115,3 +116,12 @@ def test_export_names_a_malformed_step_curve(content, expected, tmp_path, capsys
                        capsys)
     assert f"argument --step-curve: {curve} {expected}" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_auto_device_is_cuda_only_when_available():
+    import torch
+
+    from hf_dspark.cli.loaders import resolve_device
+
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cuda:1") == "cuda:1"

@@ -140,7 +140,7 @@ def test_multi_turn_plays_turn_two_after_the_turn_one_answer(target, prompt_sets
 def test_cli_smoke_writes_json_and_figures(target, prompt_sets, chat_tokenizer, tmp_path, monkeypatch, capsys):
     from hf_dspark.cli import main
 
-    monkeypatch.setattr(eval_cli, "load_target", lambda path, dtype: (target, chat_tokenizer))
+    monkeypatch.setattr(eval_cli, "load_target", lambda path, dtype, device: (target, chat_tokenizer))
     out = tmp_path / "results" / "eval_smoke.json"
     code = main(["eval", "--drafters", "dspark=untrained:4", "--prompt-lookup", "--sets", *prompt_sets,
                  "--limit", "2", "--max-new-tokens", "8", "--sweep", "4", "8", "--threads", "1", "--out", str(out)])

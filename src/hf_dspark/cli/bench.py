@@ -5,7 +5,16 @@ from __future__ import annotations
 import argparse
 import random
 
-from .loaders import load_baseline, load_drafter, load_target, positive_float, positive_int, probability
+from .loaders import (
+    DEVICE_HELP,
+    device_name,
+    load_baseline,
+    load_drafter,
+    load_target,
+    positive_float,
+    positive_int,
+    probability,
+)
 from .validation import check_drafter_path, check_files, check_output_parent
 
 SPEED_SETS = ["data/eval/gsm8k.jsonl", "data/eval/mt-bench.jsonl"]
@@ -29,7 +38,7 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     except ValueError as error:
         args.parser.error(str(error))
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(None, "float32")
+    target, tokenizer = load_target(None, "float32", device=args.device)
     drafter = baseline = None
     if not args.no_drafter:
         drafter, what = load_drafter(target, args.drafter, max(args.block_sizes, default=7))
@@ -78,12 +87,12 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         args.parser.error(str(error))
     user_turns = _serve_user_turns(args.parser, args.sets, args.prompts_per_set)
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(None, "float32")
+    target, tokenizer = load_target(None, "float32", device=args.device)
     prompts = [chat_input_ids(tokenizer, [turn])[0] for turn in user_turns]
     random.Random(0).shuffle(prompts)  # mix the domains; request i serves prompts[i % n]
     if args.oracle:
         total = max(args.requests, *args.concurrency)
-        references = [target.generate(p[None], do_sample=False, max_new_tokens=args.max_new_tokens,
+        references = [target.generate(p[None].to(target.device), do_sample=False, max_new_tokens=args.max_new_tokens,
                                       min_new_tokens=args.max_new_tokens)[0] for p in prompts]
         drafter = oracle_for(target, args.block_size, references[0][None], torch.ones(1, 1))
         drafter.reference = [references[i % len(references)] for i in range(total)]
@@ -119,6 +128,7 @@ def _add_speed_command(bench) -> None:
     speed.add_argument("--block-sizes", type=positive_int, nargs="*", default=[4, 8, 16],
                        help="γ of the oracle ceiling runs (none: skip the oracle)")
     speed.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads, pinned")
+    speed.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     speed.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
     speed.add_argument("--baseline", default=None, help="DFlash-style baseline folder (default: the shipped one)")
     speed.add_argument("--scheduler", default="lagged_padded",
@@ -150,6 +160,7 @@ def _add_serve_command(bench) -> None:
     serve.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
     serve.add_argument("--oracle", action="store_true", help="serve with the oracle drafter (ceiling)")
     serve.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads, pinned")
+    serve.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     serve.add_argument("--out", default="benchmarks/results/serve.json", help="JSON report (PNGs go beside it)")
     serve.set_defaults(func=cmd_bench_serve, parser=serve)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .loaders import load_drafter, load_target, positive_int
+from .loaders import DEVICE_HELP, device_name, load_drafter, load_target, positive_int
 from .validation import check_drafter_path, check_nonempty
 
 DEMO_PROMPT = (
@@ -24,10 +24,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_drafter_path(args.parser, "--drafter", args.drafter)
     torch.set_num_threads(args.threads)
     print(f"Loading the embedded SmolLM2-135M-Instruct target (fp32, {args.threads} thread(s))...", flush=True)
-    target, tokenizer = load_target(None, "float32")
+    target, tokenizer = load_target(None, "float32", device=args.device)
     drafter, what = load_drafter(target, args.drafter, args.block_size)
     print(f"Drafting with {what}.")
-    input_ids = chat_input_ids(tokenizer, [args.prompt])
+    input_ids = chat_input_ids(tokenizer, [args.prompt]).to(target.device)
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sample else dict(do_sample=False)
     kwargs = dict(max_new_tokens=args.max_new_tokens, **sampling)
     target.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up
@@ -64,6 +64,7 @@ def add_demo_command(sub) -> None:
     demo.add_argument("--drafter", default=None,
                       help="folder or Hub id of a trained drafter (default: the shipped one)")
     demo.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
+    demo.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     demo.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy decoding")
     demo.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain-generate run")
     demo.set_defaults(func=cmd_demo, parser=demo)

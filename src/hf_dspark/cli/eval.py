@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .loaders import DTYPE_CHOICES, load_drafter_spec, load_target
+from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_drafter_spec, load_target
 
 PAPER_SETS = ["data/eval/gsm8k.jsonl", "data/eval/math500.jsonl", "data/eval/aime25.jsonl",
               "data/eval/humaneval.jsonl", "data/eval/mbpp.jsonl", "data/eval/mt-bench.jsonl"]
@@ -31,7 +31,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                         threads=args.threads, out=args.out, resume=not args.restart, overwrite=args.overwrite)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    target, tokenizer = load_target(args.target, args.dtype)
+    target, tokenizer = load_target(args.target, args.dtype, device=args.device)
     drafters = {name: load_drafter_spec(target, path) for name, path in args.drafters}
     for name, drafter in drafters.items():
         print(f"{name}: {drafter.eval_source} (γ = {drafter.config.block_size}, head {drafter.config.head_type})")
@@ -63,6 +63,7 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--threads", type=int, default=2, help="torch threads, pinned")
     ev.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
     ev.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
+    ev.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     ev.add_argument("--out", default="benchmarks/results/eval.json",
                     help="JSON report; figures and the resumable work file <stem>.work.jsonl go beside it")
     ev.add_argument("--restart", action="store_true", help="discard the work file instead of resuming")

@@ -13,20 +13,43 @@ from pathlib import Path
 from typing import Any
 
 DTYPE_CHOICES = ["float32", "bfloat16", "float16"]
+DEVICE_HELP = "torch device of the target: auto (cuda when available, else cpu), cpu, cuda, cuda:1, ..."
 
 
-def load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool = True):
+def resolve_device(name: str = "auto") -> str:
+    """`auto` -> "cuda" when a CUDA device is available, else "cpu"; any other name is returned as given."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def device_name(text: str) -> str:
+    """argparse type: `auto` or a device torch understands (checked before any model is loaded)."""
+    if text == "auto":
+        return text
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError as error:
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} ({error})") from None
+    return text
+
+
+def load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool = True, device: str = "auto"):
     """(model, tokenizer or None): a local/Hub causal LM at `path`, or the embedded default target when None."""
     import torch
 
-    dtype = getattr(torch, dtype_name)
+    dtype, device = getattr(torch, dtype_name), resolve_device(device)
     if path is None:
         from ..defaults import load_default_target
 
-        return load_default_target(dtype=dtype)
+        return load_default_target(dtype=dtype, device=device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from .loaders import DTYPE_CHOICES, load_target, positive_int
+from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_target, positive_int
 from .validation import check_drafter_path, check_files
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from ..profiling import DEFAULT_BATCH_TOKENS, profile_step_curve, step_curve_path
 
-    target, _ = load_target(args.target, args.dtype, tokenizer=False)
+    target, _ = load_target(args.target, args.dtype, tokenizer=False, device=args.device)
     curve = profile_step_curve(target, batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS, rows=args.rows,
                                cache_length=args.cache_length, repeats=args.repeats, warmup=args.warmup,
                                threads=args.threads, statistic=args.statistic)
@@ -35,7 +35,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_files(args.parser, "--prompts", args.prompts)
     check_drafter_path(args.parser, "--drafter", args.drafter)
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target, args.dtype)
+    target, tokenizer = load_target(args.target, args.dtype, device=args.device)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target)
     run = CalibrationRun(prompt_files=args.prompts, limit=args.limit, skip=args.skip, modes=args.mode,
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
@@ -57,6 +57,7 @@ def add_profile_command(sub) -> None:
     profile.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
     profile.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
     profile.add_argument("--threads", type=positive_int, default=1, help="torch threads pinned while profiling")
+    profile.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     profile.add_argument("--out", default=None, help="JSON path (default: the user cache that generate reads)")
     profile.add_argument("--plot", default=None, help="also write a PNG plot here")
     profile.add_argument("--batch-tokens", type=positive_int, nargs="+", default=None,
@@ -87,5 +88,6 @@ def add_calibrate_command(sub) -> None:
     calibrate.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
     calibrate.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
     calibrate.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
+    calibrate.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     calibrate.add_argument("--out", default=None, help="save the calibrated drafter here instead of in place")
     calibrate.set_defaults(func=cmd_calibrate, parser=calibrate)
