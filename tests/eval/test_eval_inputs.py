@@ -113,3 +113,8 @@ def test_an_empty_or_malformed_prompt_file_is_refused_before_any_model_loads(tmp
     (tmp_path / "bad.jsonl").write_text('{"turns": ["ok"]}\n{"turns": \n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2 is not valid JSON"):
         _config([str(tmp_path / "bad.jsonl")], tmp_path)
+
+
+def test_out_may_not_be_a_folder(prompt_sets, tmp_path):
+    with pytest.raises(ValueError, match=r"is a folder; give the report's file path"):
+        _config(prompt_sets, tmp_path, out=str(tmp_path), overwrite=True)

@@ -79,6 +79,8 @@ class EvalConfig:
             raise ValueError("block sizes must be >= 1")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"limit (prompts per set) must be >= 1, got {self.limit}; omit it to use every prompt.")
+        if Path(self.out).is_dir():
+            raise ValueError(f"--out {self.out} is a folder; give the report's file path, e.g. {self.out}/eval.json.")
         check_output_path(self.out, self.sets)
         check_output_path(self.work_path, self.sets, what="the work file of --out")
         if not self.overwrite and Path(self.out).exists() and not _is_eval_report(Path(self.out)):
