@@ -62,7 +62,13 @@ def attention_layout(model) -> AttentionLayout:
                 "of per-token keys and values; recurrent, convolution and shared-KV states cannot hide rejected "
                 "tokens."
             )
-        windows[layer_type] = kwargs.get("sliding_window")
+        window = kwargs.get("sliding_window")
+        if windows.get(layer_type, window) != window:
+            raise ValueError(
+                f"DSpark cannot verify drafts on this target: its {layer_type!r} layers use different windows "
+                f"({windows[layer_type]} and {window}), and transformers passes one mask per layer type."
+            )
+        windows[layer_type] = window
     implementation = getattr(config, "_attn_implementation", None) or "eager"
     layout = AttentionLayout(windows, implementation)
     if layout.needs_masks and implementation not in MASK_IMPLEMENTATIONS:

@@ -1,0 +1,66 @@
+"""Position-based verification masks and slot positions of the ragged target cache."""
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from hf_dspark.generation.target_cache import (
+    AttentionLayout,
+    RaggedTargetCache,
+    slot_positions,
+    verification_masks,
+)
+
+
+def test_slot_positions_of_left_padded_rows():
+    valid = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    assert slot_positions(valid).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_masks_hide_holes_future_and_out_of_window_keys():
+    # one row: committed slots at positions 0..4 with a hole (slot 2, position 9 is stale), then 3 new slots
+    key_valid = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    key_positions = torch.tensor([[0, 1, 9, 2, 3, 4, 5, 6]])
+    query_positions = torch.tensor([[4, 5, 6]])
+    layout = AttentionLayout({"full_attention": None, "sliding_attention": 3}, "sdpa")
+    masks = verification_masks(layout, key_valid, key_positions, query_positions, torch.float32)
+    full, sliding = masks["full_attention"][0, 0].long(), masks["sliding_attention"][0, 0].long()
+    assert full.tolist() == [[1, 1, 0, 1, 1, 1, 0, 0], [1, 1, 0, 1, 1, 1, 1, 0], [1, 1, 0, 1, 1, 1, 1, 1]]
+    # window 3: position p sees p-2..p; the padded last query still sees its own slot
+    assert sliding.tolist() == [[0, 0, 0, 1, 1, 1, 0, 0], [0, 0, 0, 0, 1, 1, 1, 0], [0, 0, 0, 0, 0, 1, 1, 1]]
+
+
+def test_eager_masks_are_additive_and_single_type_gives_a_tensor():
+    key_valid = torch.tensor([[1, 0, 1]], dtype=torch.bool)
+    key_positions = torch.tensor([[0, 0, 1]])
+    layout = AttentionLayout({"sliding_attention": 4}, "eager")
+    mask = verification_masks(layout, key_valid, key_positions, torch.tensor([[1]]), torch.bfloat16)
+    assert isinstance(mask, torch.Tensor) and mask.dtype == torch.bfloat16 and mask.shape == (1, 1, 1, 3)
+    assert mask[0, 0, 0].tolist() == [0.0, torch.finfo(torch.bfloat16).min, 0.0]
+
+
+def _cache(rows: int, width: int) -> DynamicCache:
+    cache = DynamicCache()
+    keys = torch.arange(rows * width, dtype=torch.float32).reshape(rows, 1, width, 1)
+    cache.update(keys, keys.clone(), 0)
+    return cache
+
+
+def test_positions_follow_commit_compact_select_and_add_rows():
+    valid = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    target = RaggedTargetCache(_cache(2, 3), valid, valid.sum(dim=1), compact_min_holes=1, compact_fraction=0.1)
+    # pretend a forward appended 3 slots at each row's next positions; each row keeps 1 (2 holes)
+    target.cache.layers[0].keys = torch.cat([target.cache.layers[0].keys, torch.zeros(2, 1, 3, 1)], dim=2)
+    target.cache.layers[0].values = target.cache.layers[0].keys.clone()
+    target.valid = torch.cat([target.valid, torch.zeros(2, 3, dtype=torch.bool)], dim=1)
+    target.positions = torch.cat([target.positions, target.next_position[:, None] + torch.arange(3)], dim=1)
+    target.commit_last(3, torch.tensor([1, 1]))  # compacts
+    assert target.compactions == 1
+    for row in range(2):
+        kept = target.positions[row][target.valid[row]].tolist()
+        assert kept == list(range(int(target.next_position[row])))
+    target.select_rows(torch.tensor([1]))
+    other = RaggedTargetCache(_cache(1, 2), torch.ones(1, 2, dtype=torch.bool), torch.tensor([2]))
+    target.add_rows(other)
+    assert target.positions.shape == target.valid.shape == (2, 4)
+    assert target.positions[0][target.valid[0]].tolist() == [0, 1, 2, 3]
+    assert target.positions[1][target.valid[1]].tolist() == [0, 1]
