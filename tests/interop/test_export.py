@@ -218,3 +218,12 @@ def test_cli_export_with_a_target_folder(tmp_path, llama_target, capsys):
     code = cli_main(["export", "--drafter", str(tmp_path / "drafter"), "--target", str(tmp_path / "target"),
                      "--overwrite", str(tmp_path / "out")])
     assert code == 0 and detect_layout(tmp_path / "out") == "deepspec"
+
+
+def test_export_refuses_non_finite_weights(tmp_path, llama_target):
+    drafter = make_drafter(llama_target, mask_token_id=95)
+    with torch.no_grad():
+        drafter.fc.weight[0, 0] = 1e6
+    with pytest.raises(ValueError, match=r"tensor fc\.weight holds 1 NaN/Inf value\(s\) in float16"):
+        export_deepspec(drafter.to(torch.float16), tmp_path / "engine")  # 1e6 overflows float16
+    assert not (tmp_path / "engine").exists()

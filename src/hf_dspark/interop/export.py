@@ -14,6 +14,7 @@ from transformers.utils import logging
 from ..scheduler import StepCurve
 from .engines import engine_warnings, readme_snippet
 from .layouts import STEP_CURVE_FILE
+from .sources import check_finite_weights
 
 logger = logging.get_logger(__name__)
 
@@ -93,6 +94,7 @@ def export_deepspec(
 
     out = check_export_folder(out_dir, overwrite, keep=(getattr(drafter, "name_or_path", None),))
     drafter._require_bound()
+    check_finite_weights(drafter, f"export to {out}")
     curve = _step_curve_payload(drafter, step_curve)
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

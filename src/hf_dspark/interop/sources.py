@@ -100,6 +100,7 @@ def check_finite_weights(model: nn.Module, source: str | os.PathLike) -> None:
         if tensor.is_floating_point() and tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise ValueError(
-                f"{source}: tensor {name} holds {bad} NaN/Inf value(s); the checkpoint is corrupt (an interrupted or "
-                "diverged save?). Re-export or re-download it; drafting with it would fail inside sampling."
+                f"{source}: tensor {name} holds {bad} NaN/Inf value(s) in {str(tensor.dtype).removeprefix('torch.')}; "
+                "the checkpoint is corrupt (a diverged run or a damaged file?), or its values overflow this dtype. "
+                "Re-export or re-download it; drafting with it would fail inside sampling."
             )
