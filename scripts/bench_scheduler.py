@@ -2,8 +2,10 @@
 
 Times `schedule_greedy` and `schedule_lagged` (and the two baselines) on random survivals with a step curve shaped
 like this CPU's default target, pinned to ONE torch thread (torch.set_num_threads(1)) so numbers are comparable
-on a shared machine. The reference round cost is one verification forward of the default target (≈ 60 ms for
-B = 1 with a 200-token cache, ../shared/TRANSFORMERS_NOTES.md); a real R = 64 round costs several times more, so
+on a shared machine. The reference round cost is one verification forward of the default target (≈ 60-70 ms for
+B = 1 with a 200-token cache: the shipped step curve
+src/hf_dspark/resources/step_curves/SmolLM2-135M-Instruct__cpu__float32__t1.json gives 69 ms at 1 thread); a real
+R = 64 round costs several times more, so
 the percentage is an upper bound. Writes benchmarks/results/scheduler_overhead.json.
 
     python scripts/bench_scheduler.py --rows 64 --block-size 8 --repeats 2000
@@ -81,7 +83,7 @@ def main() -> None:
         "torch_version": torch.__version__,
         "processor": platform.processor() or platform.machine(),
         "reference_round_ms": args.round_ms,
-        "reference_round_source": "../shared/TRANSFORMERS_NOTES.md: one target forward, B=1, 200-token cache",
+        "reference_round_source": "one default-target forward, B=1, 200-token cache (shipped step curve: 69 ms)",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "policies": results,
     }

@@ -1,4 +1,4 @@
-"""Tests for hf_dspark.scheduler (DESIGN.md section 4; review: Algorithm 1, worked traces, Appendix A)."""
+"""Tests for hf_dspark.scheduler (docs/scheduling.md: Algorithm 1, worked traces, Appendix A)."""
 
 from __future__ import annotations
 
@@ -324,7 +324,7 @@ TOKEN_A = 0
 
 
 def _first_token_rate_of_a(choose_len, rows: int = 200_000, seed: int = 0) -> tuple[float, float]:
-    """Monte Carlo of the review's Appendix A through the real `verify_sampling`.
+    """Monte Carlo of the paper's Appendix A (docs/scheduling.md, section 3) through the real `verify_sampling`.
 
     R independent single-request rounds, V = {A, B}, γ = 2. p_draft = (0.5, 0.5) at both positions; p_target =
     (0.7, 0.3) at position 1 and (0.6, 0.4) at position 2 and for the bonus. c_1 = 0.8 and c_2 = 0.9 if x_1 = A

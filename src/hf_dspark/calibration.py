@@ -1,4 +1,4 @@
-"""Confidence-head calibration (DESIGN.md section 4, "Sequential temperature scaling"; paper §3.2 / Table 4).
+"""Confidence-head calibration (docs/scheduling.md, section 8; paper §3.2 / Table 4).
 
 The confidence head emits logits z_{n,k} (`confidence_logits`, `[N, γ]`); the scheduler consumes the survival
 ∏_{i≤k} σ(z_i / T_i). STS fits T_1..T_γ in order, each by a 1-D grid search minimising the expected calibration
@@ -105,7 +105,7 @@ def fit_sts(
     grid: list[float] | torch.Tensor | None = None,
     n_bins: int = 15,
 ) -> list[float]:
-    """Sequential temperature scaling (DESIGN.md section 4): T_k = argmin_T ECE(∏_{i<k} σ(z_i/T_i)·σ(z_k/T), s_k).
+    """Sequential temperature scaling (docs/scheduling.md, section 8): T_k = argmin_T ECE(∏_{i<k} σ(z_i/T_i)·σ(z_k/T), s_k).
 
     confidence_logits: `[N, γ]` raw head logits z; survived: `[N, γ]` realised prefix survival (bool or float;
     survived[:, k] = every position ≤ k accepted, so rows whose prefix died earlier count with label 0).

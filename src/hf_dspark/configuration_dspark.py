@@ -1,4 +1,4 @@
-"""DSpark drafter configuration (DESIGN.md section 2)."""
+"""DSpark drafter configuration (docs/method.md, section 3)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "ol
 
 
 def default_target_layer_ids(num_target_layers: int, num_taps: int = 5) -> list[int]:
-    """Evenly spaced decoder-layer indices from 1 to L-3 (DESIGN.md section 2.1), never the last layer."""
+    """Evenly spaced decoder-layer indices from 1 to L-3 (docs/method.md, section 3), never the last layer."""
     if num_target_layers < 3:
         raise ValueError(
             f"The target has {num_target_layers} decoder layers; DSpark taps layers 1..L-3 and needs at least 3. "

@@ -1,4 +1,4 @@
-"""Pure tensor helpers for the DSpark equations (DESIGN.md sections 2-5).
+"""Pure tensor helpers for the DSpark equations (docs/method.md, sections 3-6).
 
 Every function is side-effect free and works on batched tensors; the docstring opens with the equation it
 implements and the shapes it takes.
@@ -85,7 +85,7 @@ def position_weights(block_size: int, device: torch.device | None = None, dtype=
 
 
 def expected_accepted_length(survival: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:
-    """τ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) (DESIGN.md section 4).
+    """τ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) (docs/scheduling.md, section 1).
 
     survival: `[R, γ]`; verify_len: `[R]` with 0 ≤ ℓ_r ≤ γ. Returns a scalar tensor.
     """

@@ -1,4 +1,4 @@
-"""DSpark training losses (DESIGN.md section 5; paper Eqs. 11-14), as pure tensor functions.
+"""DSpark training losses (docs/method.md, section 6; paper Eqs. 11-14), as pure tensor functions.
 
 Shapes use `...` for any leading block dimensions (typically `[S, N]`: sequences × anchor blocks), `γ` for the
 block size and `V` for the vocabulary. A position is *valid* when its label is not `IGNORE_INDEX`; invalid
@@ -107,7 +107,7 @@ def per_position_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def accepted_length_estimate(acceptance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """τ estimate: mean over blocks of 1 + Σ_k ∏_{i≤k} c*_i (DESIGN.md section 1).
+    """τ estimate: mean over blocks of 1 + Σ_k ∏_{i≤k} c*_i (docs/scheduling.md, section 1).
 
     acceptance: `[..., γ]` c*_k; mask: bool `[..., γ]`. Invalid positions count as rejected (c* = 0: nothing past
     the end of a reply can be accepted); blocks whose first position is invalid (unused anchor slots) are skipped.

@@ -1,4 +1,4 @@
-"""SPS(B) profiling: time the target's verification forward across batch-token counts (DESIGN.md section 4).
+"""SPS(B) profiling: time the target's verification forward across batch-token counts (docs/scheduling.md, section 7).
 
 `profile_step_curve(target)` measures what one round of the DSpark loop costs on the target: a forward over new
 tokens on top of a `DynamicCache` prefilled to `cache_length` tokens per row, with a 2D attention mask, explicit

@@ -26,7 +26,7 @@ _STEP_CURVE_FORMAT = 1
 
 @dataclass
 class StepCurve:
-    """SPS(B): profiled target verification forwards per second at `batch_tokens` B (DESIGN.md `step_curve`).
+    """SPS(B): profiled target verification forwards per second at `batch_tokens` B (docs/scheduling.md, section 7).
 
     batch_tokens: strictly ascending positive ints; steps_per_second: positive floats, one per point. Between points
     SPS is interpolated linearly; below the first point it is clamped to the first value; beyond the last point it is

@@ -1,4 +1,4 @@
-"""Batched, lossless verification of ragged draft prefixes (DESIGN.md section 3).
+"""Batched, lossless verification of ragged draft prefixes (docs/method.md, section 5).
 
 Row r verifies its first ℓ_r drafts against target distributions at ℓ_r + 1 positions (position j's target
 distribution is the one that predicts draft j; position ℓ_r gives the bonus token). Pure functions: no model.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from tiny_helpers import make_tiny_drafter, tokenized_records, write_jsonl
@@ -99,3 +100,21 @@ def test_a_missing_target_folder_is_named(tmp_path, tiny_target_dir):
     config = _config(tmp_path, tiny_target_dir, target=str(tmp_path / "models" / "no-such-target"))
     with pytest.raises(FileNotFoundError, match=r"target folder .*no-such-target does not exist"):
         train(config, _args(tmp_path / "out"))
+
+
+def test_an_interrupted_final_save_leaves_the_previous_model_whole(tmp_path, tiny_target_dir, monkeypatch):
+    out = tmp_path / "out"
+    train(_config(tmp_path, tiny_target_dir), _args(out, max_steps=2))
+    assert not (out / ".final-staging").exists()
+    weights = (out / "model.safetensors").read_bytes()
+
+    def disk_full(self, output_dir=None, state_dict=None):
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "model.safetensors").write_bytes(b"half a file")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(DSparkTrainer, "_save", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        train(_config(tmp_path, tiny_target_dir),
+              _args(out, max_steps=3, save_strategy="no", resume_from_checkpoint="auto"))
+    assert (out / "model.safetensors").read_bytes() == weights

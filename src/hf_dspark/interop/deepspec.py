@@ -1,4 +1,4 @@
-"""The DeepSpec / serving-engine checkpoint layout, in and out (DESIGN.md section 6).
+"""The DeepSpec / serving-engine checkpoint layout, in and out (docs/checkpoints.md).
 
 `config.json` keeps the target's `model_type` and shape fields (with the drafter's `num_hidden_layers`),
 `architectures: ["<Family>DSparkModel"]` and the flat DSpark fields `block_size`, `mask_token_id`,

@@ -5,12 +5,14 @@
 - `publish_checkpoint`: `DSparkTrainer` writes each checkpoint into `<output_dir>/.checkpoint-staging/` and renames it
   into place once complete, so `checkpoint-N` never exists half-written;
 - `check_output_dir`: refuses to train into a folder that already holds a trained model or checkpoints unless the
-  run resumes from them or `overwrite_output_dir` is set.
+  run resumes from them or `overwrite_output_dir` is set;
+- `save_final_model`: the trained drafter goes to a staging folder first, then each file is renamed into place.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import zipfile
@@ -23,6 +25,7 @@ logger = logging.get_logger(__name__)
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 STAGING_DIR = ".checkpoint-staging"
+FINAL_STAGING_DIR = ".final-staging"
 TRAINER_STATE = "trainer_state.json"
 # torch.save writes zip archives: a file cut short loses its central directory, which zipfile detects cheaply.
 TORCH_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth")
@@ -123,3 +126,20 @@ def publish_checkpoint(output_dir: str | Path, checkpoint_name: str) -> Path:
         staged.rename(final)
     shutil.rmtree(staging_dir(output_dir), ignore_errors=True)
     return final
+
+
+def save_final_model(trainer, output_dir: str | Path) -> None:
+    """`trainer.save_model(output_dir)`, written to `<output_dir>/.final-staging/` and then renamed file by file, so
+    a kill mid-save never leaves a truncated `model.safetensors` or `config.json` in `output_dir`."""
+    staging = Path(output_dir) / FINAL_STAGING_DIR
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+    trainer.save_model(str(staging))
+    trainer.accelerator.wait_for_everyone()
+    if trainer.args.should_save:
+        for file in sorted(staging.iterdir()):
+            os.replace(file, Path(output_dir) / file.name)
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
+

@@ -1,4 +1,4 @@
-"""Anchor sampling and batch packing for teacher-forced DSpark training (DESIGN.md section 5).
+"""Anchor sampling and batch packing for teacher-forced DSpark training (docs/method.md, section 6).
 
 An anchor a is a position whose next token a+1 is in the loss region; its block's slot k (0-based) predicts token
 a+k+1 and is labelled with it. Labels are prefix-closed: once a slot leaves the loss region (the reply ended, the

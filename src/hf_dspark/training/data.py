@@ -144,7 +144,7 @@ def tokenize_conversation(
     max_length: int | None = None,
     system_prompt: str | None = None,
 ) -> dict[str, list[int]]:
-    """Chat-template tokenisation with the DSpark loss region (DESIGN.md section 5).
+    """Chat-template tokenisation with the DSpark loss region (docs/method.md, section 6).
 
     Returns `input_ids` and `loss_mask` (1 on every assistant token plus the end-of-turn token that follows a
     complete reply, e.g. `<|im_end|>` for ChatML; a truncated reply gets no end-of-turn label). Needs a fast

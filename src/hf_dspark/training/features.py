@@ -1,4 +1,4 @@
-"""Target features for training (DESIGN.md section 5) behind one interface, `TargetFeatureProvider`.
+"""Target features for training (docs/method.md, section 6) behind one interface, `TargetFeatureProvider`.
 
 * online (default): the frozen target runs in the training process under `torch.no_grad` and returns only the
   tapped decoder-layer outputs (concatenated, `[S, L, n·d]`) and the final normed hidden state (`[S, L, d]`).

@@ -24,7 +24,7 @@ from transformers.utils import logging
 from ..configuration_dspark import HEAD_TYPES, DSparkConfig
 from ..interop.sources import resolve_model_source
 from ..modeling_dspark import DSparkDrafter
-from .checkpoints import check_output_dir, checkpoint_problem, last_complete_checkpoint
+from .checkpoints import check_output_dir, checkpoint_problem, last_complete_checkpoint, save_final_model
 from .data import DSparkDataset, build_dataset, load_conversations, split_validation
 from .features import TargetFeatureProvider, build_feature_cache
 from .trainer import DSparkTrainer, DSparkTrainingArguments
@@ -239,7 +239,7 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
         train_dataset=train_set, eval_dataset=eval_set,
     )
     trainer.train(resume_from_checkpoint=resume)
-    trainer.save_model(args.output_dir)
+    save_final_model(trainer, args.output_dir)
     return trainer
 
 

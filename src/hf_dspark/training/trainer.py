@@ -1,4 +1,4 @@
-"""`DSparkTrainer(Trainer)` and `DSparkTrainingArguments(TrainingArguments)` (DESIGN.md section 5).
+"""`DSparkTrainer(Trainer)` and `DSparkTrainingArguments(TrainingArguments)` (docs/method.md, section 6).
 
 Only the drafter is the Trainer's model: the target is passed separately, frozen, and never wrapped, optimised
 or saved. Each step gets the target's features from a `TargetFeatureProvider`, runs the drafter teacher-forced
