@@ -105,7 +105,7 @@ def fit_sts(
     grid: list[float] | torch.Tensor | None = None,
     n_bins: int = 15,
 ) -> list[float]:
-    """Sequential temperature scaling (docs/scheduling.md, section 8): T_k = argmin_T ECE(∏_{i<k} σ(z_i/T_i)·σ(z_k/T), s_k).
+    """STS (docs/scheduling.md, section 8): T_k = argmin_T ECE(∏_{i<k} σ(z_i/T_i)·σ(z_k/T), s_k).
 
     confidence_logits: `[N, γ]` raw head logits z; survived: `[N, γ]` realised prefix survival (bool or float;
     survived[:, k] = every position ≤ k accepted, so rows whose prefix died earlier count with label 0).

@@ -4,7 +4,7 @@ Every policy maps `survival` a_{r,j} = ∏_{i≤j} c_{r,i} (`[R, γ]`, non-incre
 (`LongTensor[R]`, 0 ≤ ℓ_r ≤ γ). The load-aware policies maximise Θ = τ·SPS(B), with τ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j})
 and B = Σ_r (1 + ℓ_r), by walking the global candidate list sorted by a_{r,j} descending (ties: lower position j
 first, then lower request index r; candidates with a = 0 are never admitted). Because a_{r,j} is non-increasing in
-j, every prefix of that list is prefix-closed per request and is the best τ for its size (docs/scheduling.md, section 2),
+j, every prefix of that list is prefix-closed per request and is the best τ for its size (docs/scheduling.md §2),
 so a policy only chooses how many candidates m to admit.
 
 Losslessness: the decision to verify x_j may depend on x_<j and on other requests, never on x_≥j (Appendix A).

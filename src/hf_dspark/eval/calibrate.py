@@ -1,4 +1,4 @@
-"""`hf-dspark calibrate`: fit the confidence head's STS temperatures on held-out rollouts (docs/scheduling.md, section 8).
+"""`hf-dspark calibrate`: fit the confidence head's STS temperatures on held-out rollouts (docs/scheduling.md §8).
 
 For each decoding mode (greedy, sampling) the drafter generates on held-out prompts through the DSpark loop with
 every position verified (`dspark_policy="fixed"`, ℓ = γ) and `dspark_record_confidence=True`, which yields per
