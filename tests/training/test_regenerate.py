@@ -91,3 +91,9 @@ def test_a_missing_target_folder_is_named(tmp_path):
                                target=str(tmp_path / "models" / "no-such-target"), dtype="float32")
     with pytest.raises(FileNotFoundError, match=r"target folder .*no-such-target does not exist"):
         prepare_data(config)
+
+
+@pytest.mark.parametrize("count", [0, -1])
+def test_max_prompts_per_file_below_one_is_refused(count):
+    with pytest.raises(ValueError, match=rf"max_prompts_per_file must be >= 1 \(omit it for all\), got {count}"):
+        PrepareDataConfig(inputs=["p.jsonl"], output_dir="out", max_prompts_per_file=count)

@@ -119,6 +119,8 @@ class PrepareDataConfig:
         for name in ("max_new_tokens", "max_prompt_tokens", "batch_size", "shard_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.max_prompts_per_file is not None and self.max_prompts_per_file < 1:
+            raise ValueError(f"max_prompts_per_file must be >= 1 (omit it for all), got {self.max_prompts_per_file}.")
 
 
 def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):
