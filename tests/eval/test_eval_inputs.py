@@ -62,6 +62,9 @@ def test_two_sets_with_the_same_stem_are_both_evaluated(target, prompt_sets, cha
         (tmp_path / folder / "gsm8k.jsonl").write_text("\n".join(json.dumps({"turns": [p]}) for p in prompts))
     sets = [str(tmp_path / "a" / "gsm8k.jsonl"), str(tmp_path / "b" / "gsm8k.jsonl"), prompt_sets[1]]
     assert set_names(sets) == ["a/gsm8k", "b/gsm8k", "mt-bench"]
+    twin = tmp_path / "a" / "gsm8k.json"  # same folder and stem, another suffix
+    twin.write_text(json.dumps({"turns": ["x"]}))
+    assert set_names([sets[0], str(twin)]) == [str(Path(sets[0]).resolve()), str(twin.resolve())]
     report = run_eval(_config(sets, tmp_path), target, chat_tokenizer, {"dspark": make_drafter(target)})
     rows = report["table"]["dspark"]["sets"]
     assert (rows["a/gsm8k"]["turns"], rows["b/gsm8k"]["turns"], rows["mt-bench"]["turns"]) == (2, 1, 4)

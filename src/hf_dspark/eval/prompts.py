@@ -33,9 +33,9 @@ def set_names(paths: list[str]) -> list[str]:
     names = []
     for path in resolved:
         depth = 1
-        while sum(name(other, depth) == name(path, depth) for other in resolved) > 1:
+        while depth <= len(path.parts) and sum(name(other, depth) == name(path, depth) for other in resolved) > 1:
             depth += 1
-        names.append(name(path, depth))
+        names.append(name(path, depth) if depth <= len(path.parts) else str(path))  # e.g. a/chat.jsonl, a/chat.json
     return names
 
 
