@@ -118,3 +118,19 @@ def test_an_interrupted_final_save_leaves_the_previous_model_whole(tmp_path, tin
         train(_config(tmp_path, tiny_target_dir),
               _args(out, max_steps=3, save_strategy="no", resume_from_checkpoint="auto"))
     assert (out / "model.safetensors").read_bytes() == weights
+
+
+def test_staged_checkpoints_keep_rotation_and_best_model_tracking(tmp_path, tiny_target):
+    args = _args(tmp_path / "run", save_steps=1, save_total_limit=2, load_best_model_at_end=True,
+                 eval_strategy="steps", eval_steps=1, metric_for_best_model="loss")
+    trainer = DSparkTrainer(model=make_tiny_drafter(tiny_target), args=args, target=tiny_target,
+                            train_dataset=build_dataset(tokenized_records(8)),
+                            eval_dataset=build_dataset(tokenized_records(4, seed=3)))
+    trainer.train()
+    kept = sorted(p.name for p in (tmp_path / "run").iterdir())
+    best = trainer.state.best_model_checkpoint
+    assert len(kept) == 2 and all(name.startswith("checkpoint-") for name in kept)
+    assert STAGING_DIR not in best and (tmp_path / "run" / best.rsplit("/", 1)[-1]).is_dir()
+    for name in kept:
+        state = json.loads((tmp_path / "run" / name / "trainer_state.json").read_text())
+        assert STAGING_DIR not in json.dumps(state)
