@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from importlib import resources
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,6 +19,7 @@ def test_runtime_files_live_inside_the_package():
 
 
 def test_package_data_globs_cover_them():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     globs = config["tool"]["setuptools"]["package-data"]["hf_dspark"]
     assert {"py.typed", "resources/**/*", "templates/*"} <= set(globs)
