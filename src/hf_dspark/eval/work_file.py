@@ -19,11 +19,17 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 
+# Config fields that do not change a record: STS temperatures (records keep the raw confidence logits; the report
+# applies the drafter's current temperatures), bookkeeping.
+IDENTITY_IGNORED = ("calibration_temperatures", "calibration_temperatures_greedy", "transformers_version")
+
+
 def drafter_identity(drafter: nn.Module) -> str:
-    """A digest of the drafter's class, config and every tensor: a retrained drafter under the same name differs."""
+    """A digest of the drafter's class, config and every tensor: a retrained drafter under the same name differs
+    (a recalibrated one does not: see `IDENTITY_IGNORED`)."""
     digest = hashlib.blake2b(digest_size=12)
     config = drafter.config.to_dict()
-    config = {k: v for k, v in config.items() if not k.startswith("_") and k != "transformers_version"}
+    config = {k: v for k, v in config.items() if not k.startswith("_") and k not in IDENTITY_IGNORED}
     digest.update(type(drafter).__qualname__.encode())
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
     for name, tensor in sorted(drafter.state_dict().items()):
