@@ -139,6 +139,14 @@ def test_cache_holding_the_whole_prompt_is_refused(pair):
         target.generate(ids, attention_mask=mask, cache=cache, assistant_model=drafter, max_new_tokens=4)
 
 
+def test_inputs_embeds_without_input_ids_is_refused(pair):
+    target, drafter = pair
+    ids, mask = ragged_prompts(2, seed=5)
+    embeds = target.get_input_embeddings()(ids)
+    with pytest.raises(ValueError, match="pass input_ids instead"):
+        target.generate(inputs_embeds=embeds, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
+
+
 # ---------------------------------------------------------------- unbound drafter (item 8)
 def test_unbound_drafter_on_a_plain_target_names_bind_target():
     target = make_target("llama", seed=5)  # never enabled: transformers' own assisted loop runs

@@ -53,6 +53,11 @@ def prefill_target(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     """
     layout = attention_layout(model)
     length = input_ids.shape[1]
+    if length == 0:
+        raise ValueError(
+            "DSpark needs the prompt as input_ids (the drafter and the logits processors read token ids); "
+            "generate(inputs_embeds=...) without input_ids is not supported: pass input_ids instead."
+        )
     cached = int(cache.get_seq_length()) if cache is not None else 0
     if cached >= length:
         raise ValueError(
