@@ -102,3 +102,10 @@ def test_unknown_activation_is_a_config_error(native_folder, qwen3_target):
 def test_a_healthy_native_folder_still_loads(native_folder, qwen3_target):
     drafter = DSparkDrafter.from_pretrained(native_folder, target=qwen3_target)
     assert drafter.config.block_size == 4 and all(torch.isfinite(p).all() for p in drafter.parameters())
+
+
+def test_cli_target_loader_names_a_missing_folder(tmp_path):
+    from hf_dspark.cli.loaders import load_target
+
+    with pytest.raises(FileNotFoundError, match=r"target folder .*no-target does not exist"):
+        load_target(str(tmp_path / "models" / "no-target"))

@@ -49,8 +49,11 @@ def load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool =
         return load_default_target(dtype=dtype, device=device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    return model, AutoTokenizer.from_pretrained(path) if tokenizer else None
+    from ..interop.sources import resolve_model_source
+
+    hub = resolve_model_source(path, what="target")  # a missing folder / offline name fails here, named
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **hub).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(path, **hub) if tokenizer else None
 
 
 def untrained_drafter(target, block_size: int):
