@@ -2,8 +2,10 @@
 
 Storage format: plain JSON Lines, one conversation per line::
 
-    {"id": "gsm8k_train:17", "source": "gsm8k_train", "turns": [user_1, ...], "responses": [reply_1, ...],
-     "truncated": [false, ...]}
+    {"id": "gsm8k_train:17:5d41402abc4b", "source": "gsm8k_train", "turns": [user_1, ...],
+     "responses": [reply_1, ...], "truncated": [false, ...]}
+
+(`prepare-data` ids are `<file stem>:<line>:<digest of the turns>`; shards written before carry `<stem>:<line>`.)
 
 `truncated[i]` is true when reply i was cut at the max-new-tokens limit (it then has no end-of-turn label). The
 older `data/train_regenerated/*.jsonl` files (`source`, `turns`, `responses`, no `id`/`truncated`) load as-is; for
