@@ -129,14 +129,16 @@ def _prefill(target, rows: int, cache_length: int, seed: int) -> DynamicCache:
     device = next(target.parameters()).device
     vocab = int(target.config.vocab_size)
     ids = torch.randint(min(20, vocab - 1), vocab, (rows, cache_length), generator=generator).to(device)
-    cache = DynamicCache(config=target.config)
+    from .generation.target_cache import new_target_cache  # the loop's layout: full layers, windows as masks
+
+    cache = new_target_cache(target)
     target(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache, use_cache=True, logits_to_keep=1)
     return cache
 
 
 def _select_rows(target, cache: DynamicCache, rows: int) -> DynamicCache:
     """A fresh cache holding copies of the first `rows` rows of `cache`."""
-    out = DynamicCache(config=target.config)
+    out = DynamicCache()  # full layers, like `_prefill`'s
     for index, layer in enumerate(cache.layers):
         out.update(layer.keys[:rows], layer.values[:rows], index)
     return out

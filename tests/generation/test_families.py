@@ -136,3 +136,13 @@ def test_sliding_target_without_4d_masks_is_refused():
     with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
         attention_layout(target)
     assert attention_layout(make_family("llama")).needs_masks is False
+
+
+def test_step_curve_profiling_on_a_sliding_target():
+    """Load-aware policies profile SPS(B) on the loop's cache layout; a cache longer than the window used to
+    fail in transformers' sliding-layer crop."""
+    from hf_dspark.profiling import profile_step_curve
+
+    curve = profile_step_curve(make_family("mistral"), batch_tokens=[1, 4], rows=2, cache_length=3 * WINDOW,
+                               repeats=1, warmup=0, progress=False)
+    assert curve.batch_tokens == [1, 4] and all(sps > 0 for sps in curve.steps_per_second)
