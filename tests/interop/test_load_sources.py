@@ -95,8 +95,13 @@ def test_unknown_activation_is_a_config_error(native_folder, qwen3_target):
         DSparkConfig(hidden_act="bogus")
     raw = json.loads((native_folder / "config.json").read_text())
     (native_folder / "config.json").write_text(json.dumps({**raw, "hidden_act": "bogus"}))
-    with pytest.raises(ValueError, match="hidden_act 'bogus'"):
+    with pytest.raises(ValueError, match=r"native/config\.json: hidden_act 'bogus'"):
         DSparkDrafter.from_pretrained(native_folder, target=qwen3_target)
+    engine = deepspec_folder(native_folder.parent / "ds", qwen3_target)
+    raw = json.loads((engine / "config.json").read_text())
+    (engine / "config.json").write_text(json.dumps({**raw, "hidden_act": "bogus"}))
+    with pytest.raises(ValueError, match=r"ds/config\.json: hidden_act 'bogus'"):
+        DSparkDrafter.from_pretrained(engine, target=qwen3_target)
 
 
 def test_a_healthy_native_folder_still_loads(native_folder, qwen3_target):

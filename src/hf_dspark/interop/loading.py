@@ -11,6 +11,8 @@ checked against the bound target and dropped (the drafter always uses the target
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,17 @@ def check_shared_weights(shared: dict[str, torch.Tensor], target: nn.Module, fol
             )
 
 
+@contextmanager
+def naming(config_file: Path) -> Iterator[None]:
+    """Prefix a config `ValueError` (e.g. an unknown `hidden_act`) with the file it came from, unless it names it."""
+    try:
+        yield
+    except ValueError as err:
+        if str(config_file) in str(err):
+            raise
+        raise ValueError(f"{config_file}: {err}") from err
+
+
 def _bind(drafter, target: nn.Module, config_file: Path):
     try:
         return drafter.bind_target(target)
@@ -105,10 +118,11 @@ def _load_foreign(cls: type, folder: Path, layout: str, target: nn.Module | None
     raw, config_file = read_config_json(folder)
     found = tensor_shapes(folder)
     use_qk_norm = "layers.0.self_attn.q_norm.weight" in found
-    if layout == "dflash":
-        config = config_from_dflash(raw, config_file, use_qk_norm)
-    else:
-        config = config_from_deepspec(raw, config_file, use_qk_norm, "mask_embedding" in found)
+    with naming(config_file):
+        if layout == "dflash":
+            config = config_from_dflash(raw, config_file, use_qk_norm)
+        else:
+            config = config_from_deepspec(raw, config_file, use_qk_norm, "mask_embedding" in found)
     dropped = set(SHARED_WEIGHTS)
     if config.mask_token_id is not None and "mask_embedding" in found:
         dropped.add("mask_embedding")  # unused placeholder some exporters write next to a vocabulary mask row
@@ -145,7 +159,8 @@ def _check_native(cls: type, folder: Path) -> None:
             "in training."
         )
     weight_files(folder)  # refuses pickle-only folders with a clear message
-    config = DSparkConfig.from_pretrained(folder)
+    with naming(config_file):
+        config = DSparkConfig.from_pretrained(folder)
     check_tensor_names(tensor_shapes(folder), expected_shapes(cls, config), config_file, ignore=())
 
 
