@@ -8,6 +8,15 @@ from tests.helpers import make_target
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_curve_cache(tmp_path_factory):
+    """Curves profiled during tests go to a temporary cache, never to the user's ~/.cache/hf_dspark."""
+    patch = pytest.MonkeyPatch()
+    patch.setenv("HF_DSPARK_CACHE", str(tmp_path_factory.mktemp("hf_dspark_cache")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def llama_target():
     return make_target("llama")

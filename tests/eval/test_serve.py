@@ -21,7 +21,9 @@ def test_serve_benchmark_covers_every_policy_and_level(tmp_path):
     curve = StepCurve([1, 8, 64], [10.0, 6.0, 1.5], model="tiny", threads=1)
     config = ServeConfig(concurrency=[1, 3], requests_per_level=3, max_new_tokens=5, threads=1,
                          out=str(tmp_path / "serve.json"))
-    report = run_serve_benchmark(config, target, _prompts(), drafter, step_curve=curve, drafter_label="tiny")
+    draft_curve = StepCurve([1, 8], [40.0, 20.0])
+    report = run_serve_benchmark(config, target, _prompts(), drafter, step_curve=curve, drafter_label="tiny",
+                                 draft_curve=draft_curve)
     rows = {(r["policy"], r["concurrency"]): r for r in report["results"]}
     assert set(rows) == {(p, c) for p in POLICY_NAMES for c in (1, 3)}
     for row in rows.values():
@@ -33,6 +35,8 @@ def test_serve_benchmark_covers_every_policy_and_level(tmp_path):
     assert max(r["mean_running"] for (p, c), r in rows.items() if c == 1) <= 1
     saved = json.loads((tmp_path / "serve.json").read_text())
     assert saved["drafter"] == "tiny" and len(saved["results"]) == len(rows)
+    assert set(saved["ratios_to_plain"]) == set(POLICY_NAMES) - {"none"}
+    assert all(0 <= rows[("auto", c)]["drafted_round_fraction"] <= 1 for c in (1, 3))
     assert (tmp_path / "serve_frontier.png").stat().st_size > 0 and (tmp_path / "serve_budget.png").is_file()
 
 

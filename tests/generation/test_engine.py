@@ -101,7 +101,8 @@ def test_serve_benchmark_smoke(setup, tmp_path):
     target, prompts, _ = setup
     config = ServeConfig(concurrency=[1, 3], requests_per_level=3, max_new_tokens=8, threads=1,
                          out=str(tmp_path / "serve.json"))
-    report = run_serve_benchmark(config, target, prompts, make_drafter(target), step_curve=_curve("flat"))
+    report = run_serve_benchmark(config, target, prompts, make_drafter(target), step_curve=_curve("flat"),
+                                 draft_curve=_curve("flat"))
     assert {(r["policy"], r["concurrency"]) for r in report["results"]} == {
         (p, c) for p in config.policies for c in (1, 3)}
     assert all(r["aggregate_tokens_per_second"] > 0 for r in report["results"])

@@ -113,3 +113,19 @@ def test_a_wrong_acceptance_rule_is_detected(setup, monkeypatch):
     joint = _exact_joint(target, prompt, SETTINGS["plain"])
     codes = _sample_codes(target, drafter, prompt, SETTINGS["plain"], seed=2)
     assert _chi_square_pvalue(codes, joint) < 1e-6
+
+
+def test_auto_policy_sampling_matches_target_distribution(setup, name="top_p"):
+    """With the cost-aware policy some rows draft and others decode plainly in the same rounds; still exact."""
+    from hf_dspark.scheduler import StepCurve
+
+    target, drafter, prompt = setup
+    rows = [1, 10, 100, 1000, 4000, 8000]
+    per_row = 1.0 / 16_000  # drafting all 4000 rows costs a quarter of a (flat, 1 s) verification forward
+    settings = {**SETTINGS[name], "dspark_policy": "auto", "dspark_step_curve": StepCurve([1, 40_000], [1.0, 1.0]),
+                "dspark_draft_curve": StepCurve(rows, [1.0 / (per_row * r) for r in rows])}
+    joint = _exact_joint(target, prompt, SETTINGS[name])
+    codes = _sample_codes(target, drafter, prompt, settings, seed=3)
+    drafted = drafter.last_generation_stats.drafted_rows
+    assert any(0 < d < 4000 for d in drafted), drafted  # a subset of the rows drafted
+    assert _chi_square_pvalue(codes, joint) > 1e-4

@@ -22,7 +22,7 @@ from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
 from ..io_utils import write_json_atomic
 
-POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler")
+POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler", "auto")
 
 
 @dataclass
@@ -30,7 +30,8 @@ class ServeConfig:
     """Args:
     concurrency: client counts C to measure.
     policies: subset of none | fixed1 (ℓ = 1, MTP-1-like) | fixed (ℓ = γ) | threshold | scheduler (the
-        lagged-capacity rule under the padded batch's cost, `lagged_padded`).
+        lagged-capacity rule under the padded batch's cost, `lagged_padded`) | auto (cost-aware: the drafter's
+        cost counted, plain-decoding rounds when drafting does not pay; the library default).
     requests_per_level: finished requests per (policy, C) (at least C).
     max_new_tokens: tokens per request.
     arrival_rate: requests/s for Poisson arrivals instead of closed-loop clients (None = closed loop).
@@ -58,7 +59,9 @@ class ServeConfig:
             raise ValueError("concurrency levels and requests_per_level must be >= 1")
 
 
-def make_policy(name: str, block_size: int, step_curve, threshold: float) -> VerificationPolicy | str:
+def make_policy(name: str, block_size: int, step_curve, threshold: float,
+                draft_curve=None) -> VerificationPolicy | str:
+    """The engine policy for a benchmark name (each call a fresh policy: "auto" starts with no memory)."""
     if name == "none":
         return "none"
     if name == "fixed1":
@@ -67,6 +70,8 @@ def make_policy(name: str, block_size: int, step_curve, threshold: float) -> Ver
         return VerificationPolicy("fixed", block_size=block_size)
     if name == "threshold":
         return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
+    if name == "auto":
+        return VerificationPolicy("auto", block_size=block_size, step_curve=step_curve, draft_curve=draft_curve)
     # The engine pads rows to 1 + max ℓ_r, so the scheduler uses the padded-cost lagged rule (README, Scheduling).
     return VerificationPolicy("lagged_padded", block_size=block_size, step_curve=step_curve)
 
@@ -103,6 +108,7 @@ def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: in
     tokens = sum(len(r.generated) for r in done)
     per_user = [len(r.generated) / max(r.finished_at - r.admitted, 1e-9) for r in done]
     budgets = [v for rec in engine.records for v in rec.verify_lens]
+    policy_seconds = sum(rec.policy_seconds for rec in engine.records)
     return {
         "aggregate_tokens_per_second": tokens / wall,
         "per_user_tokens_per_second": statistics.mean(per_user),
@@ -110,28 +116,60 @@ def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: in
         "mean_running": statistics.mean(rec.running for rec in engine.records) if engine.records else 0.0,
         "tokens": tokens, "seconds": wall, "rounds": len(engine.records),
         "mean_committed_per_round": statistics.mean(c for rec in engine.records for c in rec.committed),
+        "drafted_round_fraction": sum(rec.drafted > 0 for rec in engine.records) / max(len(engine.records), 1),
+        "policy_seconds_per_round": policy_seconds / max(len(engine.records), 1),
+        "policy_share_of_round_time": policy_seconds / max(sum(rec.seconds for rec in engine.records), 1e-12),
     }
 
 
+def _curves(config: ServeConfig, target, drafter, step_curve, draft_curve):
+    """The target's SPS(B) and the drafter's cost curve, looked up (or profiled once) when a policy needs them."""
+    from ..profiling import load_or_profile_draft_curve, load_or_profile_step_curve
+
+    if step_curve is None and {"scheduler", "auto"} & set(config.policies):
+        step_curve = load_or_profile_step_curve(target, threads=config.threads)
+    if draft_curve is None and "auto" in config.policies:
+        draft_curve = load_or_profile_draft_curve(drafter, threads=config.threads)
+    return step_curve, draft_curve
+
+
 def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor], drafter, step_curve=None,
-                        drafter_label: str = "drafter") -> dict:
+                        drafter_label: str = "drafter", draft_curve=None) -> dict:
     """Serve `prompts` (token-id tensors, issued in the given order and cycled; request i gets prompt i % n, which
-    keeps request ids aligned with per-prompt data such as an oracle drafter's references) per policy and load."""
+    keeps request ids aligned with per-prompt data such as an oracle drafter's references) per policy and load.
+
+    Levels run load by load, every policy at one C back to back, so that load on a shared machine hits the
+    policies of one C alike (compare policies within a C). Curves not given are looked up as `generate` does.
+    """
     torch.set_num_threads(config.threads)
+    step_curve, draft_curve = _curves(config, target, drafter, step_curve, draft_curve)
     rng = random.Random(config.seed)
     results = []
-    levels = [(p, c) for p in config.policies for c in config.concurrency]
+    levels = [(p, c) for c in config.concurrency for p in config.policies]
     for policy_name, concurrency in tqdm(levels, desc="serve levels"):
-        policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold)
+        policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold, draft_curve)
         engine = DSparkEngine(target, None if policy == "none" else drafter, policy=policy,
                               max_running=max(config.concurrency))
         total = max(config.requests_per_level, concurrency)
         metrics = run_level(engine, prompts, concurrency, total, config.max_new_tokens, config.arrival_rate, rng)
         results.append({"policy": policy_name, "concurrency": concurrency, **metrics})
+    dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     report = {"config": asdict(config), "drafter": drafter_label, "block_size": drafter.config.block_size,
-              "torch_threads": config.threads, "results": results}
+              "torch_threads": config.threads, "dtype": dtype, "results": results,
+              "ratios_to_plain": ratios_to_plain(results)}
     _write(report, Path(config.out))
     return report
+
+
+def ratios_to_plain(results: list[dict]) -> dict[str, dict[int, float]]:
+    """Aggregate tokens/s of every policy over `none` (plain batched decoding) at the same C, measured back to back."""
+    plain = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in results if r["policy"] == "none"}
+    ratios: dict[str, dict[int, float]] = {}
+    for r in results:
+        if r["policy"] != "none" and r["concurrency"] in plain:
+            value = r["aggregate_tokens_per_second"] / plain[r["concurrency"]]
+            ratios.setdefault(r["policy"], {})[r["concurrency"]] = round(value, 3)
+    return ratios
 
 
 def _write(report: dict, path: Path) -> None:

@@ -1,0 +1,79 @@
+"""Profile and ship the cost curves of the embedded default: the target's SPS(B) and the shipped drafter's proposals
+per second against rows R, in fp32 and bf16 (CPU, torch threads pinned), into `src/hf_dspark/resources/step_curves/`
+(where `load_or_profile_step_curve` / `load_or_profile_draft_curve` look after the user cache), with PNG plots and a
+JSON summary of the batch-1 ratios under `benchmarks/results/`.
+
+    python scripts/profile_default_costs.py --threads 1 --dtypes float32 bfloat16 --statistic min [--overwrite]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from hf_dspark import load_default_drafter, load_default_target
+from hf_dspark.io_utils import write_json_atomic
+from hf_dspark.profiling import (
+    draft_curve_path,
+    drafter_architecture,
+    profile_draft_curve,
+    profile_step_curve,
+    shipped_step_curve_path,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _ms(curve, x: int) -> float:
+    return 1e3 / float(curve.steps_per_second_at(x))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--statistic", choices=["median", "min"], default="min",
+                        help="per point: min estimates the uncontended cost on a shared machine (default)")
+    parser.add_argument("--skip-step-curve", nargs="*", default=[], help="dtypes whose shipped SPS(B) is kept")
+    parser.add_argument("--overwrite", action="store_true", help="replace shipped curves that exist")
+    parser.add_argument("--summary", default="benchmarks/results/cost_curves.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    summary = {"threads": args.threads, "dtypes": {}}
+    for name in args.dtypes:
+        target, _ = load_default_target(dtype=getattr(torch, name))
+        drafter = load_default_drafter(target)
+        step_path = shipped_step_curve_path(target.name_or_path, "cpu", name, args.threads)
+        draft_path = draft_curve_path(drafter_architecture(drafter), "cpu", name, args.threads, shipped=True)
+        for path in (step_path, draft_path):
+            if path.exists() and not args.overwrite and not (path == step_path and name in args.skip_step_curve):
+                raise SystemExit(f"{path} exists; pass --overwrite to replace it")
+        if name in args.skip_step_curve and step_path.exists():
+            from hf_dspark.step_curve import StepCurve
+
+            step = StepCurve.load(step_path)
+        else:
+            step = profile_step_curve(target, threads=args.threads, repeats=args.repeats, statistic=args.statistic)
+            step.save(step_path)
+        draft = profile_draft_curve(drafter, threads=args.threads, repeats=args.repeats, statistic=args.statistic)
+        draft.save(draft_path)
+        step.plot(ROOT / "benchmarks" / "results" / f"step_curve_SmolLM2-135M-Instruct_cpu_{name}_t{args.threads}.png")
+        gamma = drafter.config.block_size
+        summary["dtypes"][name] = {
+            "verify_ms": {b: round(_ms(step, b), 1) for b in (1, 2, 4, 8, 16, 32, 64, 128)},
+            "propose_ms": {r: round(_ms(draft, r), 1) for r in (1, 2, 4, 8, 16, 32, 64)},
+            "batch1_round_over_plain_step": round((_ms(step, gamma + 1) + _ms(draft, 1)) / _ms(step, 1), 3),
+            "batch1_verify8_over_plain_step": round(_ms(step, gamma + 1) / _ms(step, 1), 3),
+            "break_even_tau_batch1": round((_ms(step, gamma + 1) + _ms(draft, 1)) / _ms(step, 1), 3),
+            "step_curve": str(step_path.relative_to(ROOT)), "draft_curve": str(draft_path.relative_to(ROOT)),
+        }
+    write_json_atomic(ROOT / args.summary, summary)
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""The cost-aware "auto" policy: plain-decoding rounds, subsets of drafting rows, probes; exact in every case."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from hf_dspark.eval.oracle import OracleDrafter, oracle_for
+from hf_dspark.generation.engine import DSparkEngine
+from hf_dspark.generation.policy import VerificationPolicy
+from hf_dspark.scheduler import StepCurve
+from tests.helpers import make_drafter, make_target, ragged_prompts, tapped_features
+
+GAMMA = 4
+FLAT = StepCurve([1, 4096], [1.0, 1.0])  # verification costs 1 s whatever B
+DRAFT = StepCurve([1, 4096], [1 / 0.3, 1 / 0.3])  # a proposal costs 0.3 s for any number of rows
+
+
+class FlakyOracle(OracleDrafter):
+    """Right drafts while a row's generated length is outside [bad_from, bad_to), wrong ones inside."""
+
+    def __init__(self, config, prompt_lengths: list[int], bad_from: list[int], bad_to: list[int]) -> None:
+        super().__init__(config)
+        self.prompt_lengths, self.bad_from, self.bad_to = prompt_lengths, bad_from, bad_to
+
+    def propose(self, anchor_ids, cache, **kwargs):
+        proposal = super().propose(anchor_ids, cache, **kwargs)
+        rows = kwargs.get("row_ids") or list(range(anchor_ids.shape[0]))
+        for a, row in enumerate(rows):
+            generated = int(cache.lengths[a]) + 1 - self.prompt_lengths[row]
+            if self.bad_from[row] <= generated < self.bad_to[row]:
+                proposal.draft_ids[a] = (proposal.draft_ids[a] + 1) % self.config.vocab_size
+        return proposal
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("llama", seed=21, eos_token_id=None)
+
+
+def _plain(target, ids, mask, new):
+    return target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_auto_switches_off_and_back_on_and_stays_bit_identical(target, batch):
+    new = 110
+    ids, mask = ragged_prompts(batch, seed=30 + batch)
+    reference = _plain(target, ids, mask, new)
+    base = oracle_for(target, GAMMA, reference, mask)
+    lengths = mask.sum(dim=1).tolist()
+    oracle = FlakyOracle(base.config, lengths, [20 + 7 * r for r in range(batch)], [50 + 7 * r for r in range(batch)])
+    oracle.set_reference(reference, mask)
+    config = GenerationConfig(do_sample=False, max_new_tokens=new, dspark_policy="auto", dspark_step_curve=FLAT,
+                              dspark_draft_curve=DRAFT)
+    output = target.generate(ids, attention_mask=mask, assistant_model=oracle, generation_config=config)
+    assert torch.equal(output, reference)
+    stats = oracle.last_generation_stats
+    drafted = stats.drafted_rows
+    assert stats.policy == "auto" and stats.skipped_rounds > 0 and stats.probes > 0
+    first_skip = drafted.index(0)
+    assert any(d > 0 for d in drafted[:first_skip]) and any(d > 0 for d in drafted[first_skip:]), drafted
+    assert stats.mean_accepted_length > 1.5  # the good stretches were drafted
+
+
+def test_auto_with_an_untrained_drafter_decodes_plainly_and_matches(target):
+    ids, mask = ragged_prompts(2, seed=5)
+    drafter = make_drafter(target, block_size=GAMMA)
+    config = GenerationConfig(do_sample=False, max_new_tokens=40, dspark_policy="auto", dspark_step_curve=FLAT,
+                              dspark_draft_curve=DRAFT)
+    output = target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config)
+    assert torch.equal(output, _plain(target, ids, mask, 40))
+    stats = drafter.last_generation_stats
+    assert stats.skipped_rounds >= 0.8 * stats.rounds, stats.drafted_rows  # probes and a few hopeful rounds only
+    assert stats.policy_seconds > 0
+
+
+def test_skipped_rounds_still_feed_the_drafter_its_context(target):
+    """After plain-decoding rounds the draft cache equals one built from the full history at once."""
+    drafter = make_drafter(target, block_size=GAMMA)
+    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]))
+    engine = DSparkEngine(target, drafter, policy=policy)
+    prompt = ragged_prompts(1, seed=8)[0][0]
+    rid = engine.add_request(prompt, max_new_tokens=30)
+    for _ in range(12):
+        engine.step()
+    assert sum(rec.drafted for rec in engine.records) <= 1  # at most the first probe drafted
+    batch = engine.batch
+    assert batch.draft_cache.lengths.tolist() == batch.target_cache.next_position.tolist()
+    history = torch.cat([prompt, torch.tensor(engine.result(rid).generated[:-1])])
+    fresh = drafter.init_cache(1)
+    drafter.extend_context(fresh, tapped_features(target, history[None], drafter.config.target_layer_ids),
+                           torch.ones(1, history.numel(), dtype=torch.bool))
+    count = history.numel()
+    assert int(batch.draft_cache.lengths[0]) == count
+    for mine, theirs in zip(batch.draft_cache.keys, fresh.keys):
+        assert torch.allclose(mine[:, :, :count], theirs[:, :, :count], atol=1e-4)
+
+
+def test_engine_auto_matches_plain_generate_for_joining_requests(target):
+    ids, mask = ragged_prompts(5, seed=9)
+    prompts = [ids[r][mask[r].bool()] for r in range(len(ids))]
+    references = [_plain(target, p[None], torch.ones(1, p.numel(), dtype=torch.long), 24)[0] for p in prompts]
+    oracle = oracle_for(target, GAMMA, references[0][None], torch.ones(1, 1))
+    oracle.reference = list(references)
+    engine = DSparkEngine(target, oracle, policy=VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT,
+                                                                   draft_curve=DRAFT), max_running=3)
+    rids = [engine.add_request(p, max_new_tokens=24) for p in prompts]
+    while engine.has_work():
+        engine.step()
+    for rid, (prompt, ref) in zip(rids, zip(prompts, references)):
+        assert engine.result(rid).generated == ref[prompt.numel() :].tolist()
+    assert sum(rec.drafted > 0 for rec in engine.records) > len(engine.records) / 2  # good drafts are drafted
