@@ -19,9 +19,10 @@ def test_speed_benchmark_runs_every_method_losslessly(target, chat_tokenizer, pr
     baseline = make_drafter(target, seed=2, head_type="none", confidence_with_markov=False)
     curve = StepCurve([1, 8, 64], [10.0, 5.0, 1.0], model="tiny", threads=1)
     config = SpeedConfig(prompt_files=prompt_sets, num_prompts=1, max_new_tokens=9, repeats=2, block_sizes=[3],
-                         threads=1, out=str(tmp_path / "speed.json"))
+                         threads=1, untrained=True, out=str(tmp_path / "speed.json"))
     report = run_speed_benchmark(config, target, chat_tokenizer, drafter, baseline, step_curve=curve)
-    methods = ["plain", "prompt_lookup", "dflash", "dspark", "dspark_lagged_padded", "oracle_g3"]
+    methods = ["plain", "prompt_lookup", "dflash", "dspark", "dspark_auto", "dspark_lagged_padded", "untrained",
+               "untrained_auto", "oracle_g3", "oracle_g3_auto"]
     for set_name in ("gsm8k", "mt-bench"):
         table = report["results"][set_name]
         assert list(table) == methods
@@ -31,6 +32,8 @@ def test_speed_benchmark_runs_every_method_losslessly(target, chat_tokenizer, pr
             assert (row["mean_accepted_length"] is None) == (name in ("plain", "prompt_lookup"))
         assert table["plain"]["median_ratio_to_plain"] == 1.0
         assert table["oracle_g3"]["mean_accepted_length"] == 4.0  # 1 prefill token + 2 rounds of γ + 1
+        assert 0 <= table["untrained_auto"]["skipped_round_fraction"] <= 1
+        assert 0 < table["dspark_auto"]["policy_share_of_time"] < 1
     assert len(report["runs"]) == 2 * len(methods) * 2  # sets × methods × repeats
     saved = json.loads((tmp_path / "speed.json").read_text())
     assert saved["results"] == json.loads(json.dumps(report["results"]))
@@ -42,7 +45,7 @@ def test_scheduler_method_is_skipped_without_confidence_head(target, chat_tokeni
     config = SpeedConfig(prompt_files=prompt_sets[:1], num_prompts=1, max_new_tokens=4, repeats=1, block_sizes=[],
                          threads=1, out=str(tmp_path / "speed.json"))
     report = run_speed_benchmark(config, target, chat_tokenizer, drafter)
-    assert list(report["results"]["gsm8k"]) == ["plain", "prompt_lookup", "dspark"]
+    assert list(report["results"]["gsm8k"]) == ["plain", "prompt_lookup", "dspark", "dspark_auto"]
 
 
 def test_bad_speed_config_is_refused(prompt_sets, tmp_path):

@@ -38,6 +38,9 @@ class SpeedConfig:
     scheduler: verification policy of the extra method `dspark_<scheduler>` (needs a confidence head; load-aware
         policies read the target's step curve); None skips it.
     prompt_lookup_tokens: `prompt_lookup_num_tokens` of the prompt-lookup baseline.
+    auto: also run the cost-aware policy (`dspark_auto`, and `oracle_g<γ>_auto` beside every oracle).
+    untrained: also run an untrained drafter of the trained one's architecture, fixed ℓ = γ and auto
+        (`untrained`, `untrained_auto`): the worst case a default policy must survive.
     out: JSON result path (a PNG plot is written beside it).
     """
 
@@ -51,6 +54,8 @@ class SpeedConfig:
     baseline: str | None = None
     scheduler: str | None = "lagged_padded"
     prompt_lookup_tokens: int = 10
+    auto: bool = True
+    untrained: bool = False
     out: str = "benchmarks/results/speed.json"
 
     def __post_init__(self) -> None:
@@ -65,9 +70,15 @@ def _timed(fn) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def _methods(target, input_ids, reference, config: SpeedConfig, drafter, baseline=None, step_curve=None):
+def _generate(target, input_ids, drafter, common, **policy):
+    return lambda: target.generate(input_ids, assistant_model=drafter, **policy, **common)
+
+
+def _methods(target, input_ids, reference, config: SpeedConfig, drafter, baseline=None, step_curve=None,
+             untrained=None):
     mask = torch.ones_like(input_ids)
     common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
+    curve = {"dspark_step_curve": step_curve} if step_curve is not None else {}
     methods = {
         "plain": (lambda: target.generate(input_ids, **common), None),
         "prompt_lookup": (
@@ -76,27 +87,40 @@ def _methods(target, input_ids, reference, config: SpeedConfig, drafter, baselin
         ),
     }
     if baseline is not None:
-        methods["dflash"] = (lambda: target.generate(input_ids, assistant_model=baseline, **common), baseline)
+        methods["dflash"] = (_generate(target, input_ids, baseline, common, dspark_policy="fixed"), baseline)
     if drafter is not None:
-        methods["dspark"] = (lambda: target.generate(input_ids, assistant_model=drafter, **common), drafter)
+        methods["dspark"] = (_generate(target, input_ids, drafter, common, dspark_policy="fixed"), drafter)
         if config.scheduler and drafter.confidence_head is not None:
-            policy = dict(dspark_policy=config.scheduler)
-            if step_curve is not None:
-                policy["dspark_step_curve"] = step_curve
             methods[f"dspark_{config.scheduler}"] = (
-                lambda: target.generate(input_ids, assistant_model=drafter, **policy, **common), drafter
+                _generate(target, input_ids, drafter, common, dspark_policy=config.scheduler, **curve), drafter
             )
+        if config.auto:
+            methods["dspark_auto"] = (_generate(target, input_ids, drafter, common, dspark_policy="auto", **curve),
+                                      drafter)
+    if untrained is not None:
+        methods["untrained"] = (_generate(target, input_ids, untrained, common, dspark_policy="fixed"), untrained)
+        methods["untrained_auto"] = (
+            _generate(target, input_ids, untrained, common, dspark_policy="auto", **curve), untrained
+        )
     for gamma in config.block_sizes:
         oracle = oracle_for(target, gamma, reference, mask)
-        methods[f"oracle_g{gamma}"] = (
-            lambda o=oracle: target.generate(input_ids, assistant_model=o, **common), oracle
-        )
+        methods[f"oracle_g{gamma}"] = (_generate(target, input_ids, oracle, common, dspark_policy="fixed"), oracle)
+        if config.auto:
+            methods[f"oracle_g{gamma}_auto"] = (
+                _generate(target, input_ids, oracle, common, dspark_policy="auto", **curve), oracle
+            )
     return methods
 
 
 def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None, baseline=None, step_curve=None) -> dict:
     """Run the benchmark; returns (and writes) the JSON report. `step_curve` overrides the scheduler's curve."""
     torch.set_num_threads(config.threads)
+    untrained = None
+    if config.untrained and drafter is not None:
+        from ..modeling_dspark import DSparkDrafter
+
+        torch.manual_seed(0)
+        untrained = DSparkDrafter(drafter.config).eval().bind_target(target)
     rows: list[dict] = []
     for path in config.prompt_files:
         set_name = Path(path).stem
@@ -105,29 +129,43 @@ def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None, ba
             input_ids = chat_input_ids(tokenizer, [item["turns"][0]]).to(target.device)
             common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
             reference = target.generate(input_ids, **common)  # warm-up and the oracle's reference
-            methods = _methods(target, input_ids, reference, config, drafter, baseline, step_curve)
+            methods = _methods(target, input_ids, reference, config, drafter, baseline, step_curve, untrained)
             for fn, _ in methods.values():  # warm-up every method once
                 fn()
             for repeat in range(config.repeats):
                 for name, (fn, owner) in methods.items():
                     seconds, out = _timed(fn)
                     new = out.shape[1] - input_ids.shape[1]
-                    tau = owner.last_generation_stats.mean_accepted_length if owner is not None else None
+                    stats = owner.last_generation_stats if owner is not None else None
                     rows.append(dict(set=set_name, prompt=index, repeat=repeat, method=name, seconds=seconds,
-                                     new_tokens=new, tokens_per_second=new / seconds, accepted_length=tau,
+                                     new_tokens=new, tokens_per_second=new / seconds,
+                                     accepted_length=stats.mean_accepted_length if stats else None,
+                                     policy_seconds=stats.policy_seconds if stats else None,
+                                     skipped_rounds=stats.skipped_rounds if stats else None,
+                                     rounds=stats.rounds if stats else None,
                                      identical=bool(torch.equal(out, reference))))
     report = summarise(rows, config)
     _write(report, config.out)
     return report
 
 
-def _method_order(name: str) -> tuple[int, int]:
-    order = {"plain": 0, "prompt_lookup": 1, "dflash": 2, "dspark": 3}
+def _method_order(name: str) -> tuple[int, int, str]:
+    order = {"plain": 0, "prompt_lookup": 1, "dflash": 2, "dspark": 3, "untrained": 5, "untrained_auto": 6}
     if name in order:
-        return order[name], 0
+        return order[name], 0, name
     if name.startswith("dspark_"):
-        return 4, 0
-    return 5, int(name.rsplit("_g", 1)[1]) if "_g" in name else 0
+        return 4, 0, name
+    gamma = name.split("_g", 1)[1].split("_", 1)[0] if "_g" in name else "0"
+    return 7, int(gamma), name
+
+
+def _policy_summary(runs: list[dict]) -> dict[str, float]:
+    """Share of rounds decoded plainly and the policy's decisions as a share of the generation time."""
+    rounds = sum(r.get("rounds") or 0 for r in runs)
+    if not rounds:
+        return {}
+    return {"skipped_round_fraction": sum(r["skipped_rounds"] for r in runs) / rounds,
+            "policy_share_of_time": sum(r["policy_seconds"] for r in runs) / sum(r["seconds"] for r in runs)}
 
 
 def summarise(rows: list[dict], config: SpeedConfig) -> dict:
@@ -147,6 +185,7 @@ def summarise(rows: list[dict], config: SpeedConfig) -> dict:
                 "mean_accepted_length": statistics.mean(taus) if taus else None,
                 "median_ratio_to_plain": statistics.median(ratios),
                 "all_outputs_identical_to_plain": all(r["identical"] for r in mine),
+                **_policy_summary(mine),
             }
     return {"config": asdict(config), "torch_threads": config.threads, "cpu_count": os.cpu_count(),
             "results": table, "runs": rows}
