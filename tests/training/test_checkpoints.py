@@ -134,3 +134,13 @@ def test_staged_checkpoints_keep_rotation_and_best_model_tracking(tmp_path, tiny
     for name in kept:
         state = json.loads((tmp_path / "run" / name / "trainer_state.json").read_text())
         assert STAGING_DIR not in json.dumps(state)
+
+
+def test_auto_resume_with_only_partial_checkpoints_says_so(tmp_path, tiny_target_dir, run_dir):
+    for checkpoint in run_dir.glob("checkpoint-*"):
+        (checkpoint / "trainer_state.json").unlink()
+    with pytest.raises(FileExistsError, match=r"none of its checkpoints is complete .*--overwrite_output_dir"):
+        train(_config(tmp_path, tiny_target_dir), _args(run_dir, resume_from_checkpoint="auto"))
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(FileExistsError, match="is a file"):
+        train(_config(tmp_path, tiny_target_dir), _args(tmp_path / "a-file"))

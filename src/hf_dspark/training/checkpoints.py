@@ -86,20 +86,25 @@ def last_complete_checkpoint(output_dir: str | Path) -> str | None:
     return None
 
 
-def check_output_dir(output_dir: str | Path, overwrite: bool, resuming: bool) -> None:
+def check_output_dir(output_dir: str | Path, overwrite: bool, resuming: bool, resume_requested: bool = False) -> None:
     """Refuse to train into a folder holding a trained model or checkpoints, unless `resuming` (from one of them) or
-    `overwrite` (whose earlier checkpoints are then removed, so a later resume cannot pick up the old run's)."""
+    `overwrite` (whose earlier checkpoints are then removed, so a later resume cannot pick up the old run's).
+    `resume_requested`: a resume was asked for but found no complete checkpoint (the message says so)."""
     folder = Path(output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"output_dir {folder} is a file; pass a folder.")
     finished = [name for name in FINISHED_MODEL_FILES if (folder / name).is_file()]
     checkpoints = checkpoints_in(folder)
     if resuming or not (finished or checkpoints):
         return
     if not overwrite:
         held = finished + [p.name for p in checkpoints[:3]] + (["..."] if len(checkpoints) > 3 else [])
+        fix = ("none of its checkpoints is complete (see the warnings above); pass --overwrite_output_dir to start "
+               "over" if resume_requested else "pass --resume_from_checkpoint auto to continue it, "
+               "--overwrite_output_dir to replace it")
         raise FileExistsError(
-            f"output_dir {folder} already holds a training run ({', '.join(held)}); training would overwrite it. "
-            "Pass --resume_from_checkpoint auto to continue it, --overwrite_output_dir to replace it, or choose "
-            "another --output_dir."
+            f"output_dir {folder} already holds a training run ({', '.join(held)}); training would overwrite it: "
+            f"{fix}, or choose another --output_dir."
         )
     for checkpoint in checkpoints:
         shutil.rmtree(checkpoint)

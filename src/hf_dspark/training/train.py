@@ -212,7 +212,8 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
     set_seed(args.seed)
     resume = _resume_path(args)
     with args.main_process_first(desc="checking output_dir"):
-        check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None)
+        check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None,
+                         resume_requested=args.resume_from_checkpoint not in (None, False, ""))
     target, tokenizer = load_training_target(config)
     drafter = build_drafter(config, target)
     records = load_conversations(config.data)[: config.max_examples]
