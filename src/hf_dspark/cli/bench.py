@@ -7,6 +7,7 @@ import random
 
 from .loaders import (
     DEVICE_HELP,
+    DTYPE_CHOICES,
     device_name,
     load_baseline,
     load_drafter,
@@ -19,6 +20,12 @@ from .validation import check_drafter_path, check_files, check_output_parent
 
 SPEED_SETS = ["data/eval/gsm8k.jsonl", "data/eval/mt-bench.jsonl"]
 SERVE_SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/mt-bench.jsonl"]
+
+
+def _dtype(args: argparse.Namespace) -> str:
+    from ..profiling import resolve_dtype
+
+    return resolve_dtype(args.dtype, args.device)
 
 
 def cmd_bench_speed(args: argparse.Namespace) -> int:
@@ -38,7 +45,7 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     except ValueError as error:
         args.parser.error(str(error))
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(None, "float32", device=args.device)
+    target, tokenizer = load_target(None, _dtype(args), device=args.device)
     drafter = baseline = None
     if not args.no_drafter:
         drafter, what = load_drafter(target, args.drafter, max(args.block_sizes, default=7))
@@ -87,7 +94,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         args.parser.error(str(error))
     user_turns = _serve_user_turns(args.parser, args.sets, args.prompts_per_set)
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(None, "float32", device=args.device)
+    target, tokenizer = load_target(None, _dtype(args), device=args.device)
     prompts = [chat_input_ids(tokenizer, [turn])[0] for turn in user_turns]
     random.Random(0).shuffle(prompts)  # mix the domains; request i serves prompts[i % n]
     if args.oracle:
@@ -99,13 +106,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         label = f"oracle drafter (γ={args.block_size})"
     else:
         drafter, label = load_drafter(target, args.drafter, args.block_size)
-    step_curve = None
-    if "scheduler" in args.policies:
-        from ..profiling import load_or_profile_step_curve
-
-        step_curve = load_or_profile_step_curve(target, threads=args.threads)
     print(f"serving with {label}")
-    report = run_serve_benchmark(config, target, prompts, drafter, step_curve=step_curve, drafter_label=label)
+    report = run_serve_benchmark(config, target, prompts, drafter, drafter_label=label)  # curves looked up there
     print(f"{'policy':10s} {'C':>3s} {'agg tok/s':>10s} {'user tok/s':>10s} {'mean ℓ':>7s}")
     for row in report["results"]:
         print(f"{row['policy']:10s} {row['concurrency']:3d} {row['aggregate_tokens_per_second']:10.2f} "
@@ -129,6 +131,8 @@ def _add_speed_command(bench) -> None:
                        help="γ of the oracle ceiling runs (none: skip the oracle)")
     speed.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads, pinned")
     speed.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
+    speed.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_CHOICES],
+                       help="target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
     speed.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
     speed.add_argument("--baseline", default=None, help="DFlash-style baseline folder (default: the shipped one)")
     speed.add_argument("--scheduler", default="lagged_padded",
@@ -148,9 +152,11 @@ def _add_serve_command(bench) -> None:
     serve.add_argument("--prompts-per-set", type=positive_int, default=8, help="prompts taken from each set")
     serve.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32],
                        help="client counts C (closed loop) to measure")
-    serve.add_argument("--policies", nargs="+", default=["none", "fixed1", "fixed", "threshold", "scheduler"],
+    serve.add_argument("--policies", nargs="+",
+                       default=["none", "fixed1", "fixed", "threshold", "scheduler", "auto"],
                        help="none (plain batched decoding) | fixed1 (ℓ = 1) | fixed (ℓ = γ) | threshold | "
-                       "scheduler (lagged-capacity rule on the profiled step curve)")
+                       "scheduler (lagged-capacity rule on the profiled step curve) | auto (cost-aware default: "
+                       "decodes plainly when drafting does not pay)")
     serve.add_argument("--requests", type=positive_int, default=16, help="finished requests per (policy, C)")
     serve.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per request")
     serve.add_argument("--arrival-rate", type=positive_float, default=None,
@@ -161,6 +167,8 @@ def _add_serve_command(bench) -> None:
     serve.add_argument("--oracle", action="store_true", help="serve with the oracle drafter (ceiling)")
     serve.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads, pinned")
     serve.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
+    serve.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_CHOICES],
+                       help="target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
     serve.add_argument("--out", default="benchmarks/results/serve.json", help="JSON report (PNGs go beside it)")
     serve.set_defaults(func=cmd_bench_serve, parser=serve)
 

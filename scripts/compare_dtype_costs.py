@@ -1,0 +1,80 @@
+"""fp32 vs bf16 side by side: the target's verification forward at B tokens and the shipped drafter's `propose` at
+R rows, interleaved in every sweep (so load on a shared machine hits both dtypes alike), median ms per point, and
+the batch-1 ratios that decide whether speculation pays (8-token verification / 1-token step, break-even τ).
+
+    python scripts/compare_dtype_costs.py --threads 1 --sweeps 4 --out benchmarks/results/dtype_costs.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from datetime import datetime, timezone
+
+import torch
+
+from hf_dspark import load_default_drafter, load_default_target
+from hf_dspark.io_utils import write_json_atomic
+from hf_dspark.profiling import _prefill, _select_rows, _time_forward, _verification_inputs, default_taps
+
+BATCH_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64)
+ROWS = (1, 2, 4, 8, 16, 32)
+
+
+def _context(drafter, rows: int, context: int = 200):
+    cache = drafter.init_cache(rows, capacity=context + 16)
+    width = drafter.config.num_taps * drafter.config.hidden_size
+    features = torch.randn(rows, context, width, generator=torch.Generator().manual_seed(rows))
+    drafter.extend_context(cache, features.to(drafter.fc.weight.dtype), torch.ones(rows, context, dtype=torch.bool))
+    return cache
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sweeps", type=int, default=4, help="timed sweeps (one untimed first)")
+    parser.add_argument("--out", default="benchmarks/results/dtype_costs.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    models = {}
+    for name in ("float32", "bfloat16"):
+        target, _ = load_default_target(dtype=getattr(torch, name))
+        models[name] = (target, load_default_drafter(target))
+    taps = default_taps(int(models["float32"][0].config.num_hidden_layers))
+    samples: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        caches = {k: _prefill(t, 8, 200, 0) for k, (t, _) in models.items()}
+        inputs = {k: {b: _verification_inputs(t, b, 200, 8, 0) for b in BATCH_TOKENS} for k, (t, _) in models.items()}
+        contexts = {(k, r): _context(d, r) for k, (_, d) in models.items() for r in ROWS}
+        for sweep in range(args.sweeps + 1):
+            for k, (target, drafter) in models.items():
+                for b in BATCH_TOKENS:
+                    cache = _select_rows(target, caches[k], inputs[k][b]["input_ids"].shape[0])
+                    elapsed = _time_forward(target, cache, inputs[k][b], taps)
+                    if sweep:
+                        samples.setdefault(f"{k} verify B={b}", []).append(elapsed)
+                for r in ROWS:
+                    anchors = torch.randint(100, 1000, (r,))
+                    start = time.perf_counter()
+                    drafter.propose(anchors, contexts[(k, r)])
+                    if sweep:
+                        samples.setdefault(f"{k} propose R={r}", []).append(time.perf_counter() - start)
+    ms = {key: round(1e3 * statistics.median(v), 1) for key, v in samples.items()}
+    gamma = models["float32"][1].config.block_size
+    ratios = {}
+    for k in models:
+        step, verify = ms[f"{k} verify B=1"], ms[f"{k} verify B=8"]
+        ratios[k] = {"verify8_over_step1": round(verify / step, 2),
+                     "break_even_tau_batch1": round((verify + ms[f"{k} propose R=1"]) / step, 2)}
+    report = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": args.threads,
+              "sweeps": args.sweeps, "gamma": gamma, "load_average_at_end": os.getloadavg(), "median_ms": ms,
+              "batch1": ratios}
+    write_json_atomic(args.out, report)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
