@@ -146,3 +146,24 @@ def test_step_curve_profiling_on_a_sliding_target():
     curve = profile_step_curve(make_family("mistral"), batch_tokens=[1, 4], rows=2, cache_length=3 * WINDOW,
                                repeats=1, warmup=0, progress=False)
     assert curve.batch_tokens == [1, 4] and all(sps > 0 for sps in curve.steps_per_second)
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3"])
+def test_engine_serves_sliding_targets_like_plain_generate(name):
+    """`DSparkEngine` admits requests through the same prefill, so sliding targets work there too."""
+    from hf_dspark.generation.engine import DSparkEngine
+    from hf_dspark.generation.policy import VerificationPolicy
+
+    target = make_family(name, eos_token_id=None)
+    ids, mask = ragged_prompts(3, seed=7, min_len=4, max_len=14)
+    prompts = [ids[r][mask[r].bool()] for r in range(len(ids))]
+    references = [target.generate(p[None], do_sample=False, max_new_tokens=24, min_new_tokens=24)[0]
+                  for p in prompts]
+    engine = DSparkEngine(target, make_drafter(target), policy=VerificationPolicy("fixed", block_size=4))
+    rids = [engine.add_request(p, max_new_tokens=24) for p in prompts[:2]]
+    engine.step()
+    rids.append(engine.add_request(prompts[2], max_new_tokens=24))  # joins a running batch
+    while engine.has_work():
+        engine.step()
+    for rid, prompt, reference in zip(rids, prompts, references):
+        assert engine.result(rid).generated == reference[prompt.numel() :].tolist()

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.cache_utils import DynamicCache
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -33,9 +32,9 @@ from transformers.generation.logits_process import (
 
 from .drafting import feature_layers
 from .policy import VerificationPolicy
+from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundBatch, RoundKernel, RoundRecord
-from .target_cache import RaggedTargetCache
 
 if TYPE_CHECKING:
     from .drafting import DraftModel
@@ -178,15 +177,9 @@ class DSparkEngine:
             ids[i, width - prompt.numel() :], mask[i, width - prompt.numel() :] = prompt, 1
         device = self.target.device
         ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        out = self.target(input_ids=ids, attention_mask=mask, position_ids=positions,
-                          cache=DynamicCache(config=self.target.config), use_cache=True,
-                          output_hidden_states=self.taps or None, logits_to_keep=1)
-        raw = out.logits[:, -1].float()
-        first = self._pick(self.processors.apply([], [], raw))
-        features = torch.cat([out.hidden_states[i] for i in self.taps], dim=-1) if self.taps else None
-        batch = self.kernel.start(new, first, RaggedTargetCache(out.cache, mask.bool(), mask.sum(dim=1)), features,
-                                  mask.bool())
+        out = prefill_target(self.target, ids, mask, None, None, self.taps)  # sliding windows become masks
+        first = self._pick(self.processors.apply([], [], out.logits))
+        batch = self.kernel.start(new, first, out.target, out.features, out.valid)
         if self.batch is None:
             self.batch = batch
         else:

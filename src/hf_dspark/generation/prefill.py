@@ -21,10 +21,11 @@ from .target_cache import RaggedTargetCache, attention_layout, new_target_cache
 @dataclass
 class PrefillOutput:
     """logits: `[B, V]` float32 at the last prompt position; features: `[B, L, n_taps·d]` tapped hidden states of
-    every prompt token; valid: `[B, L]` real (non-padding) prompt tokens; target: the ragged target cache."""
+    every prompt token (None without taps); valid: `[B, L]` real (non-padding) prompt tokens; target: the ragged
+    target cache."""
 
     logits: torch.Tensor
-    features: torch.Tensor
+    features: torch.Tensor | None
     valid: torch.Tensor
     target: RaggedTargetCache
 
@@ -40,8 +41,8 @@ def _positions(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> 
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
 
 
-def _taps(out, tap_indices: list[int]) -> torch.Tensor:
-    return torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1)
+def _taps(out, tap_indices: list[int]) -> torch.Tensor | None:
+    return torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1) if tap_indices else None
 
 
 def prefill_target(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -49,7 +50,8 @@ def prefill_target(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     """Run the target over the prompt (the part `cache` does not hold yet) and build the ragged target cache.
 
     input_ids / attention_mask / position_ids: `[B, L]` as `generate` prepared them (mask and positions may be
-    None); cache: the caller's cache or None. Raises `ValueError` when the cache already holds every prompt token.
+    None); cache: the caller's cache or None; tap_indices: hidden-state indices to return (may be empty).
+    Raises `ValueError` when the cache already holds every prompt token, or when there are no input_ids.
     """
     layout = attention_layout(model)
     length = input_ids.shape[1]
@@ -72,7 +74,7 @@ def prefill_target(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
             input_ids=input_ids[:, :cached],
             attention_mask=attention_mask[:, :cached] if attention_mask is not None else None,
             position_ids=positions[:, :cached], cache=rebuilt, use_cache=rebuilt is not None,
-            output_hidden_states=tap_indices, logits_to_keep=1,
+            output_hidden_states=tap_indices or None, logits_to_keep=1,
         )
         prefix_features = _taps(prefix, tap_indices)
         cache = cache if rebuilt is None else prefix.cache
@@ -80,7 +82,7 @@ def prefill_target(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
         cache = new_target_cache(model)
     out = model(
         input_ids=input_ids[:, cached:], attention_mask=attention_mask, position_ids=positions[:, cached:],
-        cache=cache, use_cache=True, output_hidden_states=tap_indices, logits_to_keep=1,
+        cache=cache, use_cache=True, output_hidden_states=tap_indices or None, logits_to_keep=1,
     )
     features = _taps(out, tap_indices)
     if prefix_features is not None:
