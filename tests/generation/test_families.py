@@ -36,6 +36,7 @@ FAMILIES = {
     # hybrid: sliding and full layers (Gemma 2 runs eager attention, the others sdpa)
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=16, sliding_window=WINDOW)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW, layer_types=HYBRID)),
+    "phi3_sliding": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=WINDOW)),  # Phi-3-mini-4k style
     "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM",
                       dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
@@ -43,7 +44,7 @@ FAMILIES = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )),
 }
-SLIDING = ["mistral", "gemma2", "gemma3", "qwen2_sliding", "gpt_oss"]
+SLIDING = ["mistral", "gemma2", "gemma3", "phi3_sliding", "qwen2_sliding", "gpt_oss"]
 
 
 def make_family(name: str, seed: int = 0, **overrides):
@@ -71,7 +72,7 @@ def test_family_greedy_matches_plain_generate(family, batch, drafter_kind):
         assert drafter.last_generation_stats.mean_accepted_length >= 3.0
 
 
-@pytest.mark.parametrize("name", ["mistral", "gemma2", "gemma3"])
+@pytest.mark.parametrize("name", SLIDING)
 def test_the_window_shapes_the_reference(name):
     """Guard: with these lengths the window changes plain generate's output, so the matrix tests it."""
     ids, mask = ragged_prompts(3, seed=3, min_len=4, max_len=14)
