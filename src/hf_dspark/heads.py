@@ -13,7 +13,8 @@ class MarkovHead(nn.Module):
     """Eq. (5): a rank-r bigram bias B(x_{k-1}, ·) = W2ᵀ W1[x_{k-1}].
 
     `markov_w1` `[V, r]` embeds the previous token; `markov_w2` `[V_draft, r]` projects back to logits over the
-    draft vocabulary (`V_draft = V` without one; stored as in the serving engines' checkpoints). The head is stateless: `step` ignores and returns `state`.
+    draft vocabulary (`V_draft = V` without one; stored as in the serving engines' checkpoints). The head is
+    stateless: `step` ignores and returns `state`.
     """
 
     def __init__(self, config: DSparkConfig) -> None:

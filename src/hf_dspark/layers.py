@@ -116,22 +116,66 @@ class DSparkAttention(nn.Module):
         ctx_keys: torch.Tensor,
         ctx_values: torch.Tensor,
         attn_mask: torch.Tensor,
+        block_slots: int | None = None,
     ) -> torch.Tensor:
-        """hidden `[B, Q, d]` block states; ctx_keys/values `[B, kvh, C, hd]`; attn_mask bool `[B, Q, C + Q]`."""
+        """hidden `[B, Q, d]` block states; ctx_keys/values `[B, kvh, C, hd]`.
+
+        attn_mask: bool `[B, Q, C + Q]` over [context ‖ block], or, with `block_slots` set (many blocks of that many
+        slots per row, as in training), bool `[B, N, C]`: the context each block sees (`block_sparse_attention`).
+        """
         queries = self._heads(self.q_proj(hidden), self.num_heads)
         if self.q_norm is not None:
             queries = self.q_norm(queries)
         queries = apply_rope(queries, cos, sin)
         block_keys, block_values = self.project_kv(hidden, cos, sin)
+        groups = self.num_heads // self.num_kv_heads
+        if block_slots is not None:
+            ctx_keys, ctx_values = ctx_keys.to(block_keys.dtype), ctx_values.to(block_values.dtype)
+            parts = [t.repeat_interleave(groups, dim=1) if groups > 1 else t
+                     for t in (ctx_keys, ctx_values, block_keys, block_values)]
+            out = block_sparse_attention(queries, *parts, attn_mask, block_slots)
+            out = out.transpose(1, 2).reshape(*hidden.shape[:2], self.num_heads * self.head_dim)
+            return self.o_proj(out)
         keys = torch.cat([ctx_keys.to(block_keys.dtype), block_keys], dim=2)
         values = torch.cat([ctx_values.to(block_values.dtype), block_values], dim=2)
-        groups = self.num_heads // self.num_kv_heads
         if groups > 1:
             keys = keys.repeat_interleave(groups, dim=1)
             values = values.repeat_interleave(groups, dim=1)
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=attn_mask[:, None])
         out = out.transpose(1, 2).reshape(*hidden.shape[:2], self.num_heads * self.head_dim)
         return self.o_proj(out)
+
+
+def block_sparse_attention(
+    queries: torch.Tensor,
+    ctx_keys: torch.Tensor,
+    ctx_values: torch.Tensor,
+    block_keys: torch.Tensor,
+    block_values: torch.Tensor,
+    ctx_mask: torch.Tensor,
+    slots: int,
+) -> torch.Tensor:
+    """Eq. (3) for many anchor blocks at once: each block attends to its visible context and to its own slots only.
+
+    queries, block_keys, block_values: `[S, H, N·slots, hd]` (keys/values already repeated to H heads);
+    ctx_keys, ctx_values: `[S, H, L, hd]`; ctx_mask: bool `[S, N, L]` (context entries block n may see).
+    Returns `[S, H, N·slots, hd]`. Equal to one masked attention over [context ‖ all blocks] with a block-diagonal
+    mask, at the cost of N·slots × (L + slots) scores instead of N·slots × (L + N·slots).
+    """
+    seqs, heads, queries_len, head_dim = queries.shape
+    blocks, length = ctx_mask.shape[1], ctx_keys.shape[2]
+    scale = head_dim**-0.5
+    q_blocks = queries.view(seqs, heads, blocks, slots, head_dim)
+    scores_ctx = (queries @ ctx_keys.transpose(-1, -2)).view(seqs, heads, blocks, slots, length) * scale
+    scores_ctx = scores_ctx.masked_fill(~ctx_mask[:, None, :, None, :], float("-inf"))
+    k_blocks = block_keys.view(seqs, heads, blocks, slots, head_dim)
+    scores_blk = (q_blocks @ k_blocks.transpose(-1, -2)) * scale
+    probs = torch.softmax(torch.cat([scores_ctx, scores_blk], dim=-1).float(), dim=-1).to(queries.dtype)
+    probs_ctx = probs[..., :length].reshape(seqs, heads, queries_len, length)
+    out = probs_ctx @ ctx_values
+    v_blocks = block_values.view(seqs, heads, blocks, slots, head_dim)
+    out_blk = probs[..., length:] @ v_blocks
+    return out + out_blk.reshape(seqs, heads, queries_len, head_dim)
 
 
 class DSparkMLP(nn.Module):
@@ -154,8 +198,8 @@ class DSparkDecoderLayer(nn.Module):
         self.input_layernorm = DSparkRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = DSparkRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, hidden, cos, sin, ctx_keys, ctx_values, attn_mask) -> torch.Tensor:
+    def forward(self, hidden, cos, sin, ctx_keys, ctx_values, attn_mask, block_slots=None) -> torch.Tensor:
         residual = hidden
-        hidden = self.self_attn(self.input_layernorm(hidden), cos, sin, ctx_keys, ctx_values, attn_mask)
+        hidden = self.self_attn(self.input_layernorm(hidden), cos, sin, ctx_keys, ctx_values, attn_mask, block_slots)
         hidden = residual + hidden
         return hidden + self.mlp(self.post_attention_layernorm(hidden))

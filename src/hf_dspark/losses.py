@@ -56,7 +56,7 @@ def nll_loss(
 
 
 def total_variation(p_draft: torch.Tensor, p_target: torch.Tensor) -> torch.Tensor:
-    """Eq. (12) per position: ‖p_draft_k − p_target_k‖₁ over the full vocabulary. `[..., V_d]` × 2 -> `[...]` in [0, 2].
+    """Eq. (12) per position: ‖p_draft_k − p_target_k‖₁ on the full vocabulary; `[..., V_d]` ×2 -> `[...]` in [0, 2].
 
     Both are given over the drafter's vocabulary (`V_d`: the draft vocabulary, or all of V). p_draft is zero
     outside it, so the target's mass there, 1 − Σ p_target (0 for a full vocabulary), adds to the distance.

@@ -275,12 +275,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
         slots = self.config.num_block_slots
         return torch.cat([anchor, mask.expand(*anchor.shape[:-2], slots - 1, anchor.shape[-1])], dim=-2)
 
-    def _run_layers(self, hidden, positions, ctx_keys_fn, attn_mask) -> torch.Tensor:
-        """hidden `[B, Q, d]`; positions `[B, Q]`; ctx_keys_fn(layer_idx) -> (keys, values); mask `[B, Q, C+Q]`."""
+    def _run_layers(self, hidden, positions, ctx_keys_fn, attn_mask, block_slots=None) -> torch.Tensor:
+        """hidden `[B, Q, d]`; positions `[B, Q]`; ctx_keys_fn(layer_idx) -> (keys, values); mask `[B, Q, C+Q]`
+        (or `[B, N, C]` per block with `block_slots`, see `DSparkAttention.forward`)."""
         cos, sin = self.rotary(positions, hidden.dtype)
         for i, layer in enumerate(self.layers):
             ctx_keys, ctx_values = ctx_keys_fn(i)
-            hidden = layer(hidden, cos, sin, ctx_keys, ctx_values, attn_mask)
+            hidden = layer(hidden, cos, sin, ctx_keys, ctx_values, attn_mask, block_slots)
         return self.norm(hidden)
 
     def block_hidden_states(self, anchor_ids: torch.Tensor, cache: DSparkDraftCache) -> torch.Tensor:
@@ -401,11 +402,8 @@ class DSparkDrafter(DSparkPreTrainedModel):
         sees_ctx = torch.arange(length, device=device)[None, None, :] < anchors.view(seqs, n_blocks, 1)
         if context_mask is not None:
             sees_ctx = sees_ctx & context_mask[:, None, :].bool()
-        sees_ctx = sees_ctx.repeat_interleave(slots, dim=1)  # [S, N·slots, L]
-        block_id = torch.arange(n_blocks, device=device).repeat_interleave(slots)
-        sees_block = (block_id[:, None] == block_id[None, :])[None].expand(seqs, -1, -1)
-        attn_mask = torch.cat([sees_ctx & used.repeat_interleave(slots, dim=1)[..., None], sees_block], dim=-1)
-        out = self._run_layers(hidden, slot_pos.flatten(1), lambda i: ctx_kv[i], attn_mask)
+        sees_ctx = sees_ctx & used[..., None]  # [S, N, L]; each block also sees its own slots (block-sparse)
+        out = self._run_layers(hidden, slot_pos.flatten(1), lambda i: ctx_kv[i], sees_ctx, block_slots=slots)
         out = out.view(seqs, n_blocks, slots, -1)[:, :, first : first + gamma]
 
         head = self.markov_head

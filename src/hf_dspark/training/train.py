@@ -21,11 +21,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, set_seed
 from transformers.utils import logging
 
-from ..configuration_dspark import HEAD_TYPES, DSparkConfig
+from ..configuration_dspark import HEAD_TYPES
 from ..interop.sources import resolve_model_source
 from ..modeling_dspark import DSparkDrafter
 from .checkpoints import check_output_dir, checkpoint_problem, last_complete_checkpoint, save_final_model
 from .data import DSparkDataset, build_dataset, load_conversations, split_validation
+from .drafter_init import build_training_drafter, draft_vocab_from_examples, end_of_turn_ids
 from .features import TargetFeatureProvider, build_feature_cache
 from .trainer import DSparkTrainer, DSparkTrainingArguments
 
@@ -51,6 +52,9 @@ class DSparkTrainConfig:
         max_examples: use only the first n conversations (smoke tests).
         num_threads: torch CPU threads per process (`None`: torch's default).
         feature_cache_batch_size: target batch size while building an offline feature cache.
+        draft_vocab_size: draft only over this many most frequent supervised tokens of the training replies
+            (EOS and end-of-turn ids always in); `None` drafts over the full vocabulary.
+        init_from_target_layers: initialise a fresh drafter's layers from the target's last decoder layers.
     """
 
     data: list[str] = field(default_factory=list, metadata={"help": "Regenerated conversation JSONL files/dirs."})
@@ -113,6 +117,13 @@ class DSparkTrainConfig:
     feature_cache_batch_size: int = field(
         default=4, metadata={"help": "Target batch size while building an offline feature cache."}
     )
+    draft_vocab_size: int | None = field(
+        default=None,
+        metadata={"help": "Draft vocabulary size (most frequent reply tokens); default: the full vocabulary."}
+    )
+    init_from_target_layers: bool = field(
+        default=False, metadata={"help": "Initialise a fresh drafter's layers from the target's last layers."}
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.data, (str, Path)):
@@ -162,14 +173,19 @@ def load_training_target(config: DSparkTrainConfig):
     return target.eval().requires_grad_(False), tokenizer
 
 
-def build_drafter(config: DSparkTrainConfig, target) -> DSparkDrafter:
-    """A fresh drafter shaped after `target` (or `config.init_drafter`), bound to it."""
-    if config.init_drafter:
-        return DSparkDrafter.from_pretrained(config.init_drafter, target=target)
-    drafter_config = DSparkConfig.from_target(target.config, **config.drafter_overrides())
-    drafter = DSparkDrafter(drafter_config)
-    drafter.bind_target(target)
-    return drafter
+def build_drafter(config: DSparkTrainConfig, target, examples=(), tokenizer=None) -> DSparkDrafter:
+    """The drafter to train, bound to `target`: fresh or `config.init_drafter`, restricted to a draft vocabulary
+    built from `examples` when `config.draft_vocab_size` is set."""
+    draft_vocab = None
+    if config.draft_vocab_size:
+        vocab_size = target.config.get_text_config().vocab_size
+        draft_vocab, share = draft_vocab_from_examples(
+            examples, config.draft_vocab_size, vocab_size, end_of_turn_ids(tokenizer)
+        )
+        logger.warning(f"draft vocabulary: {draft_vocab.numel()} tokens cover {share:.2%} of the supervised tokens")
+    return build_training_drafter(
+        target, config.drafter_overrides(), config.init_drafter, config.init_from_target_layers, draft_vocab
+    )
 
 
 def _resume_path(args: DSparkTrainingArguments) -> str | None:
@@ -215,11 +231,11 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
         check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None,
                          resume_requested=args.resume_from_checkpoint not in (None, False, ""))
     target, tokenizer = load_training_target(config)
-    drafter = build_drafter(config, target)
     records = load_conversations(config.data)[: config.max_examples]
     dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
     train_examples, val_examples = split_validation(dataset.examples, config.validation_fraction, args.seed)
     _check_examples(config, records, len(dataset), len(train_examples))
+    drafter = build_drafter(config, target, train_examples, tokenizer)
     train_set = DSparkDataset(train_examples)
     eval_set = DSparkDataset(val_examples) if val_examples else None
     if args.process_index == 0:
