@@ -177,6 +177,16 @@ def test_bad_threshold_is_rejected_with_the_range(pair, threshold):
                         dspark_policy="threshold", dspark_threshold=threshold)
 
 
+@pytest.mark.parametrize(("curve", "message"), [("missing.json", "no such file 'missing.json'"),
+                                               (5, "must be a StepCurve or the path")])
+def test_bad_step_curve_is_rejected_up_front(pair, curve, message):
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(ValueError, match=message):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
+                        dspark_policy="greedy", dspark_step_curve=curve)
+
+
 def test_valid_options_still_pass(pair):
     target, drafter = pair
     ids, mask = ragged_prompts(2, seed=2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,12 @@ def _check_value(name: str, value: Any) -> None:
 
         if value not in POLICIES:
             raise ValueError(f"dspark_policy must be one of {POLICIES}, got {value!r}.")
+    elif name in ("dspark_step_curve", "dspark_draft_curve"):
+        if isinstance(value, (str, os.PathLike)):
+            if not os.path.isfile(value):
+                raise ValueError(f"{name}: no such file {os.fspath(value)!r} (save one with `hf-dspark profile`).")
+        elif not hasattr(value, "steps_per_second_at"):
+            raise ValueError(f"{name} must be a StepCurve or the path of its JSON file, got {value!r}.")
     elif name in ("dspark_record_confidence", "dspark_stock_loop") and not isinstance(value, bool):
         raise ValueError(f"{name} must be True or False, got {value!r}.")
 
