@@ -3,6 +3,12 @@ R rows, interleaved in every sweep (so load on a shared machine hits both dtypes
 the batch-1 ratios that decide whether speculation pays (8-token verification / 1-token step, break-even τ).
 
     python scripts/compare_dtype_costs.py --threads 1 --sweeps 4 --out benchmarks/results/dtype_costs.json
+    python scripts/compare_dtype_costs.py --ship-from benchmarks/results/dtype_costs.json [--overwrite]
+
+`--ship-from` turns a report into the curves shipped in `src/hf_dspark/resources/step_curves/`: the drafter's
+cost curve per dtype and the target's SPS(B) for the dtypes without a fully profiled shipped curve (`hf-dspark
+profile` measures more points; on a machine shared with other jobs its costs come out inflated and jumbled, and the
+interleaved idle-machine medians here are the better estimate).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.profiling import _prefill, _select_rows, _time_forward, _verification_inputs, default_taps
 
 BATCH_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64)
+DEFAULT_TARGET = "SmolLM2-135M-Instruct"
 ROWS = (1, 2, 4, 8, 16, 32)
 
 
@@ -32,12 +39,46 @@ def _context(drafter, rows: int, context: int = 200):
     return cache
 
 
+def ship(report_path: str, overwrite: bool) -> None:
+    """Write the report's medians as shipped `StepCurve`s (target SPS(B) unless one ships; drafter per dtype)."""
+    from hf_dspark.profiling import DEFAULT_DRAFT_ROWS, draft_curve_path, shipped_step_curve_path
+    from hf_dspark.step_curve import StepCurve
+
+    with open(report_path, encoding="utf-8") as handle:
+        report = json.load(handle)
+    ms, threads = report["median_ms"], int(report["threads"])
+    architecture = report.get("drafter_architecture", "dspark-2L-576d-markov64-g7-v49152")
+    for dtype in ("float32", "bfloat16"):
+        points = {"verify": {}, "propose": {}}
+        for key, value in ms.items():
+            name, kind, x = key.split(" ")[0], key.split(" ")[1], int(key.rsplit("=", 1)[1])
+            if name == dtype:
+                points[kind][x] = 1e3 / value
+        meta = dict(device="cpu", dtype=dtype, threads=threads, created=report["created"])
+        step_path = shipped_step_curve_path(DEFAULT_TARGET, "cpu", dtype, threads)
+        if not step_path.exists() or overwrite:
+            xs = sorted(points["verify"])
+            StepCurve(xs, [points["verify"][x] for x in xs], model=DEFAULT_TARGET, **meta).save(step_path)
+        draft_path = draft_curve_path(architecture, "cpu", dtype, threads, shipped=True)
+        if draft_path.exists() and not overwrite:
+            raise SystemExit(f"{draft_path} exists; pass --overwrite to replace it")
+        xs = sorted(points["propose"])
+        assert max(xs) <= max(DEFAULT_DRAFT_ROWS)
+        StepCurve(xs, [points["propose"][x] for x in xs], model=architecture, **meta).save(draft_path)
+        print(f"wrote {draft_path} (and {step_path} unless it shipped already)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sweeps", type=int, default=4, help="timed sweeps (one untimed first)")
     parser.add_argument("--out", default="benchmarks/results/dtype_costs.json")
+    parser.add_argument("--ship-from", default=None, help="write shipped curves from this report and stop")
+    parser.add_argument("--overwrite", action="store_true")
     args = parser.parse_args()
+    if args.ship_from:
+        ship(args.ship_from, args.overwrite)
+        return
     torch.set_num_threads(args.threads)
     models = {}
     for name in ("float32", "bfloat16"):
@@ -69,7 +110,10 @@ def main() -> None:
         step, verify = ms[f"{k} verify B=1"], ms[f"{k} verify B=8"]
         ratios[k] = {"verify8_over_step1": round(verify / step, 2),
                      "break_even_tau_batch1": round((verify + ms[f"{k} propose R=1"]) / step, 2)}
+    from hf_dspark.profiling import drafter_architecture
+
     report = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": args.threads,
+              "drafter_architecture": drafter_architecture(models["float32"][1]),
               "sweeps": args.sweeps, "gamma": gamma, "load_average_at_end": os.getloadavg(), "median_ms": ms,
               "batch1": ratios}
     write_json_atomic(args.out, report)

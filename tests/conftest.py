@@ -17,6 +17,14 @@ def _private_curve_cache(tmp_path_factory):
     patch.undo()
 
 
+@pytest.fixture(autouse=True)
+def _verify_every_draft_by_default(monkeypatch):
+    """Tests of the loop's mechanics verify every draft (ℓ = γ) unless they choose a policy: the library default,
+    "auto", would decode the tiny random drafters' rounds plainly and leave verification untested. The default
+    itself is tested in tests/generation/test_auto_policy.py."""
+    monkeypatch.setattr("hf_dspark.generation.policy.DEFAULT_POLICY", "fixed")
+
+
 @pytest.fixture(scope="session")
 def llama_target():
     return make_target("llama")

@@ -112,3 +112,13 @@ def test_engine_auto_matches_plain_generate_for_joining_requests(target):
     for rid, (prompt, ref) in zip(rids, zip(prompts, references)):
         assert engine.result(rid).generated == ref[prompt.numel() :].tolist()
     assert sum(rec.drafted > 0 for rec in engine.records) > len(engine.records) / 2  # good drafts are drafted
+
+
+def test_auto_is_the_library_default(target, monkeypatch):
+    from hf_dspark.generation import policy as policy_module
+
+    monkeypatch.undo()  # the suite pins "fixed" for the mechanics tests (tests/conftest.py)
+    assert policy_module.DEFAULT_POLICY == "auto"
+    drafter = make_drafter(target, block_size=GAMMA)
+    config = GenerationConfig(dspark_step_curve=FLAT, dspark_draft_curve=DRAFT)
+    assert policy_module.policy_from_config(config, GAMMA, target=target, drafter=drafter).name == "auto"

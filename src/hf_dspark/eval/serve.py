@@ -59,9 +59,11 @@ class ServeConfig:
             raise ValueError("concurrency levels and requests_per_level must be >= 1")
 
 
-def make_policy(name: str, block_size: int, step_curve, threshold: float,
-                draft_curve=None) -> VerificationPolicy | str:
-    """The engine policy for a benchmark name (each call a fresh policy: "auto" starts with no memory)."""
+def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_curve=None,
+                memory_key=None) -> VerificationPolicy | str:
+    """The engine policy for a benchmark name. "auto" keeps its pooled acceptance under `memory_key` (the drafter,
+    as `generate` does), so load levels after the first start from what earlier levels observed, like a
+    long-running server; None starts every level from nothing."""
     if name == "none":
         return "none"
     if name == "fixed1":
@@ -71,7 +73,8 @@ def make_policy(name: str, block_size: int, step_curve, threshold: float,
     if name == "threshold":
         return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
     if name == "auto":
-        return VerificationPolicy("auto", block_size=block_size, step_curve=step_curve, draft_curve=draft_curve)
+        return VerificationPolicy("auto", block_size=block_size, step_curve=step_curve, draft_curve=draft_curve,
+                                  memory_key=memory_key)
     # The engine pads rows to 1 + max ℓ_r, so the scheduler uses the padded-cost lagged rule (README, Scheduling).
     return VerificationPolicy("lagged_padded", block_size=block_size, step_curve=step_curve)
 
@@ -147,7 +150,8 @@ def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor]
     results = []
     levels = [(p, c) for c in config.concurrency for p in config.policies]
     for policy_name, concurrency in tqdm(levels, desc="serve levels"):
-        policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold, draft_curve)
+        policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold, draft_curve,
+                             memory_key=drafter)
         engine = DSparkEngine(target, None if policy == "none" else drafter, policy=policy,
                               max_running=max(config.concurrency))
         total = max(config.requests_per_level, concurrency)

@@ -77,27 +77,38 @@ class AcceptanceTracker:
     prior_weight: float = 1.0
     prior: float = 0.5
     pool_decay: float = 0.95
-    _rows: dict[Any, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict, repr=False)
+    _slots: dict[Any, int] = field(default_factory=dict, repr=False)
+    _counts: torch.Tensor | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0 or self.prior_weight <= 0 or not 0.0 < self.prior < 1.0:
             raise ValueError("AcceptanceTracker needs 0 <= decay < 1, prior_weight > 0 and 0 < prior < 1.")
+        self._counts = torch.zeros(1, 2, self.block_size, dtype=torch.float64)  # slot 0: never observed
 
     def observed(self, row: Any) -> bool:
-        return row in self._rows
+        return row in self._slots
 
     def pooled(self) -> torch.Tensor:
         """q_pool `[γ]`: the pooled conditional acceptance (the prior before any observation)."""
         memory = self.memory
         return (memory.successes + self.prior * self.prior_weight) / (memory.trials + self.prior_weight)
 
+    def _slot_index(self, rows: list[Any], create: bool) -> torch.Tensor:
+        if create:
+            for row in rows:
+                if row not in self._slots:
+                    self._slots[row] = len(self._slots) + 1
+            needed = len(self._slots) + 1
+            if needed > self._counts.shape[0]:
+                grown = self._counts.new_zeros(max(needed, 2 * self._counts.shape[0]), 2, self.block_size)
+                grown[: self._counts.shape[0]] = self._counts
+                self._counts = grown
+        return torch.tensor([self._slots.get(row, 0) for row in rows], dtype=torch.long)
+
     def survival(self, rows: list[Any]) -> torch.Tensor:
         """â `[R, γ]` (float64, CPU) for `rows` from their own counts and the pooled prior."""
-        pooled = self.pooled()
-        empty = torch.zeros(self.block_size, dtype=torch.float64)
-        succ = torch.stack([self._rows.get(r, (empty, empty))[0] for r in rows]) if rows else empty[None, :0]
-        trials = torch.stack([self._rows.get(r, (empty, empty))[1] for r in rows]) if rows else empty[None, :0]
-        q = (succ + self.prior_weight * pooled) / (trials + self.prior_weight)
+        counts = self._counts.index_select(0, self._slot_index(rows, create=False))
+        q = (counts[:, 0] + self.prior_weight * self.pooled()) / (counts[:, 1] + self.prior_weight)
         return q.cumprod(dim=-1)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
@@ -105,16 +116,20 @@ class AcceptanceTracker:
         verify_len, accepted = verify_len.cpu().long(), accepted.cpu().long()
         seen, kept = observed_positions(verify_len, accepted, self.block_size)
         seen_f, kept_f = seen.to(torch.float64), kept.to(torch.float64)
-        decay = torch.where(seen, torch.full_like(seen_f, self.decay), torch.ones_like(seen_f))
-        for i, row in enumerate(rows):
-            if int(verify_len[i]) == 0:
-                continue
-            succ, trials = self._rows.get(row, (torch.zeros_like(seen_f[i]), torch.zeros_like(seen_f[i])))
-            self._rows[row] = (succ * decay[i] + kept_f[i], trials * decay[i] + seen_f[i])
-        pool = torch.where(seen.any(dim=0), torch.full_like(seen_f[0], self.pool_decay), torch.ones_like(seen_f[0]))
+        drafted = (verify_len > 0).nonzero().flatten()
+        if drafted.numel():
+            slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
+            decay = torch.where(seen[drafted], self.decay, 1.0).to(torch.float64)
+            counts = self._counts.index_select(0, slots)
+            counts = counts * decay[:, None, :] + torch.stack([kept_f[drafted], seen_f[drafted]], dim=1)
+            self._counts.index_copy_(0, slots, counts)
+        pool = torch.where(seen.any(dim=0), self.pool_decay, 1.0).to(torch.float64)
         self.memory.successes = self.memory.successes * pool + kept_f.sum(dim=0)
         self.memory.trials = self.memory.trials * pool + seen_f.sum(dim=0)
 
     def forget(self, rows: list[Any]) -> None:
+        """Rows that left: their slots are cleared (and not reused; a few bytes per request)."""
         for row in rows:
-            self._rows.pop(row, None)
+            slot = self._slots.pop(row, None)
+            if slot is not None:
+                self._counts[slot] = 0.0

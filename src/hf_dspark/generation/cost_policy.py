@@ -67,12 +67,15 @@ class CostAwarePlanner:
     max_interval: int = 512
     optimistic: float = 0.95
     last_estimate: torch.Tensor | None = field(default=None, repr=False)
+    _draft_table: torch.Tensor | None = field(default=None, repr=False)
 
     def draft_seconds(self, rows: int) -> torch.Tensor:
-        """T_draft(k) for k = 0..rows, `[rows + 1]` (k = 0 costs nothing)."""
-        seconds = seconds_per_call(self.draft_curve, torch.arange(rows + 1))
-        seconds[0] = 0.0
-        return seconds
+        """T_draft(k) for k = 0..rows, `[rows + 1]` (k = 0 costs nothing; a table grown on demand)."""
+        if self._draft_table is None or self._draft_table.numel() <= rows:
+            size = max(rows + 1, 2 * (self._draft_table.numel() if self._draft_table is not None else 32))
+            self._draft_table = seconds_per_call(self.draft_curve, torch.arange(size))
+            self._draft_table[0] = 0.0
+        return self._draft_table[: rows + 1]
 
     def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
         """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify."""

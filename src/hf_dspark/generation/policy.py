@@ -35,7 +35,7 @@ from ..functional import prefix_survival
 from ..padded_scheduler import sunk_cost_stop
 from ..step_curve import StepCurve
 from .acceptance import AcceptanceMemory, AcceptanceTracker, memory_for
-from .cost_policy import CostAwarePlanner, DraftPlan, seconds_per_call
+from .cost_policy import CostAwarePlanner, DraftPlan
 
 if TYPE_CHECKING:
     from ..modeling_dspark import DSparkProposal
@@ -44,7 +44,7 @@ logger = logging.get_logger(__name__)
 
 POLICIES = ("auto", "fixed", "greedy", "lagged", "threshold", "greedy_padded", "lagged_padded")
 LOAD_AWARE = ("auto", "greedy", "lagged", "greedy_padded", "lagged_padded")
-DEFAULT_POLICY = "fixed"
+DEFAULT_POLICY = "auto"
 
 
 @dataclass
@@ -140,7 +140,7 @@ class VerificationPolicy:
         length = int(self._plan.length if self._plan.length is not None else self.block_size)
         if survival is not None and not self._plan.probe:
             total = len(self._planner.last_estimate) if self._planner.last_estimate is not None else rows
-            sunk = float(seconds_per_call(self.draft_curve, torch.tensor([rows]))[0])
+            sunk = float(self._planner.draft_seconds(rows)[rows])
             length = sunk_cost_stop(survival, total, self.step_curve, sunk, length)
         return torch.full((rows,), length, dtype=torch.long, device=device)
 

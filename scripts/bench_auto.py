@@ -1,0 +1,114 @@
+"""Issue 12's measurements in one process: `bench serve` (policies × C) for the shipped, an untrained and the
+oracle drafter, then `bench speed` (batch 1, with the untrained drafter and auto methods), one target load, levels
+of one C back to back so that load on a shared machine hits the policies alike (compare ratios within a C).
+
+    python scripts/bench_auto.py --dtype auto --threads 1 --concurrency 1 2 4 8 16 32 --requests 8 \
+        --max-new-tokens 32 --out-dir benchmarks/results/auto [--drafter PATH] [--skip-speed]
+
+Writes <out-dir>/serve_<drafter>.json (+ _frontier.png, _budget.png), <out-dir>/speed.json (+ .png) and
+<out-dir>/summary.json (auto / plain and auto / best fixed-ℓ per C, decision overhead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from hf_dspark import DSparkDrafter, load_default_target
+from hf_dspark.defaults import load_default_drafter
+from hf_dspark.eval.oracle import oracle_for
+from hf_dspark.eval.prompts import chat_input_ids, load_prompt_set
+from hf_dspark.eval.serve import ServeConfig, run_serve_benchmark
+from hf_dspark.eval.speed import SpeedConfig, run_speed_benchmark
+from hf_dspark.io_utils import write_json_atomic
+from hf_dspark.profiling import resolve_dtype
+
+SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/mt-bench.jsonl"]
+
+
+def _prompts(tokenizer, per_set: int) -> list[torch.Tensor]:
+    turns = [item["turns"][0] for path in SETS for item in load_prompt_set(path)[:per_set]]
+    prompts = [chat_input_ids(tokenizer, [turn])[0] for turn in turns]
+    random.Random(0).shuffle(prompts)
+    return prompts
+
+
+def _drafters(target, args, prompts) -> dict:
+    trained = DSparkDrafter.from_pretrained(args.drafter, target=target) if args.drafter else \
+        load_default_drafter(target)
+    torch.manual_seed(0)
+    drafters = {"shipped": trained, "untrained": DSparkDrafter(trained.config).eval().bind_target(target)}
+    total = max(args.requests, *args.concurrency)
+    references = [target.generate(p[None], do_sample=False, max_new_tokens=args.max_new_tokens,
+                                  min_new_tokens=args.max_new_tokens)[0] for p in prompts]
+    oracle = oracle_for(target, trained.config.block_size, references[0][None], torch.ones(1, 1))
+    oracle.reference = [references[i % len(references)] for i in range(total)]
+    drafters["oracle"] = oracle
+    return {name: drafters[name] for name in args.drafters}
+
+
+def _summary(report: dict) -> dict:
+    out = {}
+    by = {(r["policy"], r["concurrency"]): r for r in report["results"]}
+    for c in sorted({r["concurrency"] for r in report["results"]}):
+        auto, plain = by.get(("auto", c)), by.get(("none", c))
+        fixed = [by[(p, c)] for p in ("fixed", "fixed1") if (p, c) in by]
+        best = max(fixed, key=lambda r: r["aggregate_tokens_per_second"]) if fixed else None
+        if auto and plain:
+            rate = auto["aggregate_tokens_per_second"]
+            out[c] = {"auto_over_plain": round(rate / plain["aggregate_tokens_per_second"], 3),
+                      "auto_over_best_fixed": round(auto["aggregate_tokens_per_second"]
+                                                    / best["aggregate_tokens_per_second"], 3) if best else None,
+                      "auto_drafted_round_fraction": round(auto["drafted_round_fraction"], 3),
+                      "auto_policy_share": round(auto["policy_share_of_round_time"], 5)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    parser.add_argument("--policies", nargs="+", default=["none", "fixed1", "fixed", "scheduler", "auto"])
+    parser.add_argument("--drafters", nargs="+", default=["shipped", "untrained", "oracle"])
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--prompts-per-set", type=int, default=4)
+    parser.add_argument("--drafter", default=None, help="trained drafter folder (default: the shipped one)")
+    parser.add_argument("--speed-prompts", type=int, default=1)
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--out-dir", default="benchmarks/results/auto")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = resolve_dtype(args.dtype, "cpu")
+    target, tokenizer = load_default_target(dtype=getattr(torch, dtype))
+    out = Path(args.out_dir)
+    prompts = _prompts(tokenizer, args.prompts_per_set)
+    summary = {"dtype": dtype, "threads": args.threads, "serve": {}}
+    for name, drafter in _drafters(target, args, prompts).items():
+        config = ServeConfig(concurrency=args.concurrency, policies=args.policies, requests_per_level=args.requests,
+                             max_new_tokens=args.max_new_tokens, threads=args.threads,
+                             out=str(out / f"serve_{name}.json"))
+        report = run_serve_benchmark(config, target, prompts, drafter, drafter_label=f"{name} ({dtype})")
+        summary["serve"][name] = _summary(report)
+        write_json_atomic(out / "summary.json", summary)
+        print(name, json.dumps(summary["serve"][name]))
+    if not args.skip_speed:
+        speed = SpeedConfig(prompt_files=SETS, num_prompts=args.speed_prompts, max_new_tokens=args.max_new_tokens * 2,
+                            repeats=2, block_sizes=[7], threads=args.threads, drafter=args.drafter,
+                            untrained=True, out=str(out / "speed.json"))
+        trained = DSparkDrafter.from_pretrained(args.drafter, target=target) if args.drafter else \
+            load_default_drafter(target)
+        report = run_speed_benchmark(speed, target, tokenizer, trained)
+        summary["speed"] = {s: {m: round(r["median_ratio_to_plain"], 3) for m, r in t.items()}
+                            for s, t in report["results"].items()}
+        write_json_atomic(out / "summary.json", summary)
+        print(json.dumps(summary["speed"]))
+
+
+if __name__ == "__main__":
+    main()
