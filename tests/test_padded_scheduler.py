@@ -100,3 +100,37 @@ def test_sunk_cost_stop_is_algorithm_1_with_the_drafter_paid():
     # Θ(L) = (1 + Σ a) / (0.5 + 1/SPS(1 + L)): 0.667, 1.19, 0.9 → stops after L = 1
     assert sunk_cost_stop(survival, 1, rising, 0.5, 3) == 1
     assert sunk_cost_stop(survival, 1, FLAT, 0.5, 2) == 2  # capped by max_length
+
+
+def test_appendix_a_lagged_draft_or_decode_is_lossless_and_a_leaky_rule_is_not():
+    """Round 2's ℓ comes from round 1's realised acceptance (the "auto" planner): the first token of round 2
+    still follows p_target. Choosing ℓ from round 2's own draft (skip verification when it looks wrong) does not."""
+    from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker
+    from hf_dspark.generation.cost_policy import CostAwarePlanner
+
+    n, gen = 100_000, torch.Generator().manual_seed(1)
+    p_draft, p_target = torch.tensor([0.5, 0.5]), torch.tensor([0.7, 0.3])
+    curve, draft_cost = StepCurve([1, 2], [1.0, 1.0]), StepCurve([1, 2], [1.6, 1.6])
+
+    def round_of(verify_len: torch.Tensor):
+        drafts = torch.multinomial(p_draft, n, replacement=True, generator=gen)[:, None]
+        result = verify_sampling(drafts, p_draft.expand(n, 1, 2), p_target.expand(n, 2, 2), verify_len, generator=gen)
+        return drafts[:, 0], result, torch.where(result.num_accepted >= 1, drafts[:, 0], result.next_token)
+
+    _, first, _ = round_of(torch.ones(n, dtype=torch.long))
+    decision = {}
+    for accepted in (0, 1):  # the planner's choice after each possible round-1 history
+        planner = CostAwarePlanner(AcceptanceTracker(1, AcceptanceMemory.empty(1)), curve, draft_cost)
+        planner.tracker.observe(["r"], torch.tensor([1]), torch.tensor([accepted]))
+        planner.tracker.memory.rounds_since_probe, planner.tracker.memory.probe_interval = 0, 10**6
+        decision[accepted] = planner.plan(["r"], torch.tensor([1])).length or 0
+    assert decision == {0: 0, 1: 1}  # the lag matters: it drafts only after an accepted draft
+    lagged = torch.where(first.num_accepted == 1, decision[1], decision[0])
+    _, _, token = round_of(lagged)
+    rate = float((token == 0).double().mean())
+    assert abs(rate - 0.7) < 4 * (0.21 / n) ** 0.5
+    drafts = torch.multinomial(p_draft, n, replacement=True, generator=gen)[:, None]
+    leaky = (drafts[:, 0] == 0).long()  # verify only drafts that look right: reads the current draft
+    result = verify_sampling(drafts, p_draft.expand(n, 1, 2), p_target.expand(n, 2, 2), leaky, generator=gen)
+    token = torch.where(result.num_accepted >= 1, drafts[:, 0], result.next_token)
+    assert abs(float((token == 0).double().mean()) - 0.7) > 0.05
