@@ -85,6 +85,13 @@ def test_custom_stateful_processor_is_refused_before_generation(pair):
     assert counting.calls == 0
 
 
+def test_classifier_free_guidance_is_refused_naming_the_option(pair):
+    target, drafter = pair
+    ids, mask = ragged_prompts(2, seed=5)
+    with pytest.raises(ValueError, match="adds it for `guidance_scale`: drop that option"):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4, guidance_scale=1.5)
+
+
 def test_declared_row_local_processor_matches_plain_generate(pair):
     target, drafter = pair
     ids, mask = ragged_prompts(3, seed=6)

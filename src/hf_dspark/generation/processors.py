@@ -58,17 +58,31 @@ ROW_LOCAL = HISTORY_FREE + tuple(
 )
 
 
+# transformers processors that are not row-local, with the generate option that adds them
+_GENERATE_OPTIONS = {
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": "guidance_scale",
+    "SynthIDTextWatermarkLogitsProcessor": "watermarking_config (SynthID)",
+}
+
+
 def check_row_local(processors: LogitsProcessorList) -> None:
     """Refuse processors that row-by-row application cannot reproduce (state, batch-wide coupling, unknown)."""
     for processor in processors:
         if isinstance(processor, ROW_LOCAL) or getattr(processor, "dspark_row_local", False) is True:
             continue
         name = type(processor).__name__
-        raise ValueError(
+        why = (
             f"DSpark cannot apply the logits processor {name} faithfully: it applies processors row by row, on "
             "ragged prefixes and at draft positions that may be rejected, so a processor must compute each row "
-            "from that row's input_ids and scores alone and keep no state between calls. If "
-            f"{name} does, set `dspark_row_local = True` on it; otherwise generate without the DSpark assistant."
+            "from that row's input_ids and scores alone and keep no state between calls."
+        )
+        if type(processor).__module__.startswith("transformers."):
+            option = _GENERATE_OPTIONS.get(name)
+            fix = f"generate adds it for `{option}`: drop that option or" if option else "Use plain generate, or"
+            raise ValueError(f"{why} {fix} generate without the DSpark assistant.")
+        raise ValueError(
+            f"{why} If {name} does, set `dspark_row_local = True` on it; otherwise generate without the DSpark "
+            "assistant."
         )
 
 
