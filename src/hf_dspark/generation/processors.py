@@ -78,8 +78,8 @@ def check_row_local(processors: LogitsProcessorList) -> None:
         )
         if type(processor).__module__.startswith("transformers."):
             option = _GENERATE_OPTIONS.get(name)
-            fix = f"generate adds it for `{option}`: drop that option or" if option else "Use plain generate, or"
-            raise ValueError(f"{why} {fix} generate without the DSpark assistant.")
+            fix = f"generate adds it for `{option}`: drop that option or g" if option else "G"
+            raise ValueError(f"{why} {fix}enerate without the DSpark assistant.")
         raise ValueError(
             f"{why} If {name} does, set `dspark_row_local = True` on it; otherwise generate without the DSpark "
             "assistant."
