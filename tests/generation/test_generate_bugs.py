@@ -88,7 +88,7 @@ def test_custom_stateful_processor_is_refused_before_generation(pair):
 def test_classifier_free_guidance_is_refused_naming_the_option(pair):
     target, drafter = pair
     ids, mask = ragged_prompts(2, seed=5)
-    with pytest.raises(ValueError, match="adds it for `guidance_scale`: drop that option"):
+    with pytest.raises(ValueError, match="Generate adds it for `guidance_scale`: drop that option"):
         target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4, guidance_scale=1.5)
 
 

@@ -78,8 +78,10 @@ def check_row_local(processors: LogitsProcessorList) -> None:
         )
         if type(processor).__module__.startswith("transformers."):
             option = _GENERATE_OPTIONS.get(name)
-            fix = f"generate adds it for `{option}`: drop that option or g" if option else "G"
-            raise ValueError(f"{why} {fix}enerate without the DSpark assistant.")
+            fix = "generate without the DSpark assistant."
+            if option:
+                fix = f"generate adds it for `{option}`: drop that option or {fix}"
+            raise ValueError(f"{why} {fix[0].upper()}{fix[1:]}")
         raise ValueError(
             f"{why} If {name} does, set `dspark_row_local = True` on it; otherwise generate without the DSpark "
             "assistant."
