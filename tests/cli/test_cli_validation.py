@@ -80,9 +80,11 @@ def test_bench_serve_names_a_malformed_prompt_line(tmp_path, capsys, no_model_lo
     assert f"{bad}:2 is not valid JSON" in err
 
 
-def test_bench_speed_validates_before_loading(capsys, no_model_load):
+def test_bench_speed_validates_before_loading(prompt_file, capsys, no_model_load):
     err = _usage_error(["bench", "speed", "--sets", "missing.jsonl"], capsys)
     assert "--sets: no such file(s): missing.jsonl" in err
+    err = _usage_error(["bench", "speed", "--sets", prompt_file, "--scheduler", "lagged_paded"], capsys)
+    assert "--scheduler 'lagged_paded' is not a dspark_policy" in err
 
 
 @pytest.mark.parametrize(

@@ -37,6 +37,11 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     check_drafter_path(args.parser, "--drafter", args.drafter)
     check_drafter_path(args.parser, "--baseline", args.baseline)
     check_output_parent(args.parser, "--out", args.out)
+    from ..generation.policy import POLICIES
+
+    if args.scheduler not in (*POLICIES, "none"):
+        choices = [*POLICIES, "none"]
+        args.parser.error(f"--scheduler {args.scheduler!r} is not a dspark_policy; choose one of {choices}")
     scheduler = None if args.scheduler == "none" else args.scheduler
     try:
         config = SpeedConfig(prompt_files=args.sets, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
