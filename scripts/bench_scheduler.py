@@ -1,4 +1,5 @@
-"""Measure the scheduler's per-round overhead (issue 4: below 1% of a round at R = 64, γ = 8).
+"""Measure the scheduler's per-round overhead (issue 4: below 1% of a round at R = 64, γ = 8), and that of the
+"auto" policy's decisions (issue 12: plan before drafting + ℓ after it + the acceptance update, ≤ 1% of a round).
 
 Times `schedule_greedy` and `schedule_lagged` (and the two baselines) on random survivals with a step curve shaped
 like this CPU's default target, pinned to ONE torch thread (torch.set_num_threads(1)) so numbers are comparable
@@ -51,6 +52,30 @@ def time_policy(name: str, survival: torch.Tensor, curve: StepCurve, capacity: t
     }
 
 
+def time_auto(rows: int, gamma: int, curve: StepCurve, repeats: int, seed: int) -> dict:
+    """One round of the "auto" policy's own work: plan (draft or decode), ℓ from the proposal, observe."""
+    from hf_dspark.generation.policy import VerificationPolicy
+    from hf_dspark.modeling_dspark import DSparkProposal
+
+    gen = torch.Generator().manual_seed(seed)
+    draft_curve = StepCurve([1, 64], [1.0 / 0.03, 1.0 / 0.3])
+    policy = VerificationPolicy("auto", block_size=gamma, step_curve=curve, draft_curve=draft_curve)
+    ids, cap = list(range(rows)), torch.full((rows,), 100)
+    confidence = 0.5 + 0.5 * torch.rand(rows, gamma, generator=gen)
+    proposal = DSparkProposal(torch.zeros(rows, gamma, dtype=torch.long), None, torch.ones(rows, gamma), confidence)
+    samples = []
+    for index in range(repeats + 50):
+        start = time.perf_counter()
+        plan = policy.plan(ids, cap)
+        verify_len = policy(proposal, cap) if plan.drafts else torch.zeros(rows, dtype=torch.long)
+        policy.observe(ids, verify_len, torch.randint(0, gamma + 1, (rows,), generator=gen).minimum(verify_len))
+        if index >= 50:
+            samples.append(time.perf_counter() - start)
+    samples.sort()
+    return {"median_ms": 1e3 * statistics.median(samples), "p90_ms": 1e3 * samples[int(0.9 * (len(samples) - 1))],
+            "min_ms": 1e3 * samples[0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=64, help="concurrent requests R")
@@ -75,6 +100,12 @@ def main() -> None:
             f"{name:>9}: median {stats['median_ms']:.3f} ms (p90 {stats['p90_ms']:.3f} ms) = "
             f"{stats['percent_of_round']:.3f}% of a {args.round_ms:.0f} ms verification forward"
         )
+    for rows in (1, args.rows):
+        stats = time_auto(rows, args.block_size, curve, max(args.repeats // 4, 50), args.seed)
+        stats["percent_of_round"] = 100.0 * stats["median_ms"] / args.round_ms
+        results[f"auto_R{rows}"] = stats
+        print(f"auto R={rows:>3}: median {stats['median_ms']:.3f} ms = {stats['percent_of_round']:.3f}% of a "
+              f"{args.round_ms:.0f} ms verification forward")
     payload = {
         "rows": args.rows,
         "block_size": args.block_size,

@@ -71,35 +71,35 @@ def _expected(gains: list[list[float]]) -> torch.Tensor:
 
 
 def test_draft_or_decode_by_hand():
-    from hf_dspark.padded_scheduler import draft_or_decode
+    from hf_dspark.padded_scheduler import draft_or_decode, padded_verify_seconds
 
-    good = _expected([[0.9, 0.8, 0.7]] * 2)
-    chosen, length = draft_or_decode(good, FLAT)  # free drafting, free verification: everyone, full length
+    good, flat = _expected([[0.9, 0.8, 0.7]] * 2), padded_verify_seconds(FLAT, 2, 3)
+    chosen, length = draft_or_decode(good, flat)  # free drafting, free verification: everyone, full length
     assert chosen.tolist() == [True, True] and length == 3
-    chosen, length = draft_or_decode(_expected([[0.0, 0.0, 0.0]] * 2), FLAT)
+    chosen, length = draft_or_decode(_expected([[0.0, 0.0, 0.0]] * 2), flat)
     assert not chosen.any() and length == 0  # nothing to gain: plain decoding (ties go to plain)
     # Θ(plain) = 2; drafting both rows for L = 3 gives (2 + 4.8) / (1 + T) > 2 iff T < 2.4
-    assert draft_or_decode(good, FLAT, torch.tensor([0.0, 2.3, 2.3], dtype=torch.float64))[1] == 3
-    assert draft_or_decode(good, FLAT, torch.tensor([0.0, 2.5, 2.5], dtype=torch.float64))[1] == 0
+    assert draft_or_decode(good, flat, torch.tensor([0.0, 2.3, 2.3], dtype=torch.float64))[1] == 3
+    assert draft_or_decode(good, flat, torch.tensor([0.0, 2.5, 2.5], dtype=torch.float64))[1] == 0
 
 
 def test_draft_or_decode_drafts_only_the_rows_that_pay():
-    from hf_dspark.padded_scheduler import draft_or_decode
+    from hf_dspark.padded_scheduler import draft_or_decode, padded_verify_seconds
 
     expected = _expected([[0.05, 0.0], [0.95, 0.9], [0.1, 0.0]])
     per_row = torch.tensor([0.0, 0.3, 0.6, 0.9], dtype=torch.float64)  # the drafter costs 0.3 s per row
-    chosen, length = draft_or_decode(expected, FLAT, per_row)
+    chosen, length = draft_or_decode(expected, padded_verify_seconds(FLAT, 3, 2), per_row)
     assert chosen.tolist() == [False, True, False] and length == 2  # (3 + 1.85) / 1.3 beats 3 and the rest
 
 
 def test_sunk_cost_stop_is_algorithm_1_with_the_drafter_paid():
-    from hf_dspark.padded_scheduler import sunk_cost_stop
+    from hf_dspark.padded_scheduler import padded_verify_seconds, sunk_cost_stop
 
     rising = StepCurve([1, 2, 3, 4], [1.0, 0.9, 0.5, 0.45])
     survival = torch.tensor([[0.9, 0.8, 0.7]])
     # Θ(L) = (1 + Σ a) / (0.5 + 1/SPS(1 + L)): 0.667, 1.19, 0.9 → stops after L = 1
-    assert sunk_cost_stop(survival, 1, rising, 0.5, 3) == 1
-    assert sunk_cost_stop(survival, 1, FLAT, 0.5, 2) == 2  # capped by max_length
+    assert sunk_cost_stop(survival, 1, padded_verify_seconds(rising, 1, 3), 0.5, 3) == 1
+    assert sunk_cost_stop(survival, 1, padded_verify_seconds(FLAT, 1, 3), 0.5, 2) == 2  # capped by max_length
 
 
 def test_appendix_a_lagged_draft_or_decode_is_lossless_and_a_leaky_rule_is_not():

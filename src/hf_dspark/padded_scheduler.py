@@ -67,58 +67,58 @@ def schedule_padded_lagged(
     return torch.full((rows,), length, dtype=torch.long, device=survival.device)
 
 
+def padded_verify_seconds(step_curve: StepCurve, rows: int, gamma: int) -> torch.Tensor:
+    """T_verify(R·(1 + L)) = 1 / SPS for L = 0..γ, `[γ + 1]` float64 (one table per R; callers may cache it)."""
+    lengths = torch.arange(gamma + 1)
+    return 1.0 / step_curve.steps_per_second_at(rows * (1 + lengths)).to(torch.float64)
+
+
 def draft_or_decode(
-    expected_tokens: torch.Tensor, step_curve: StepCurve, draft_seconds: torch.Tensor | None = None
+    expected_tokens: torch.Tensor, verify_seconds: torch.Tensor, draft_seconds: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, int]:
     """Cost-aware padded round: which rows draft, and the uniform L they verify, or plain decoding (L = 0).
 
-    Maximises Θ(k, L) = (R + Σ_{top-k rows} (E_r(L) − 1)) / (1/SPS(R·(1 + L)) + T_draft(k)) over k = 1..R rows and
-    L = 1..γ, against plain decoding Θ(0, 0) = R·SPS(R) (ties go to plain decoding).
+    Maximises Θ(k, L) = (R + Σ_{top-k rows} (E_r(L) − 1)) / (T_verify(R·(1 + L)) + T_draft(k)) over k = 1..R rows
+    and L = 1..γ, against plain decoding Θ(0, 0) = R / T_verify(R) (ties go to plain decoding).
 
     expected_tokens: `[R, γ + 1]` E_r(L) = 1 + Σ_{j≤L} â_{r,j}, tokens row r is expected to commit when verifying L
-    drafts (column 0 is 1); draft_seconds: `[R + 1]` T_draft(k), seconds of one proposal for k rows (index 0 is
-    ignored; None: drafting is free). Returns (drafting: bool `[R]`, L). Every input must come from earlier
-    rounds (lagged estimates), never from this round's drafts: the decision is then lossless like a fixed ℓ.
+    drafts (column 0 is 1); verify_seconds: `[γ + 1]` T_verify(R·(1 + L)) (`padded_verify_seconds`);
+    draft_seconds: `[R + 1]` T_draft(k), seconds of one proposal for k rows (index 0 is ignored; None: drafting
+    is free). Returns (drafting: bool `[R]`, L). Every input must come from earlier rounds (lagged estimates),
+    never from this round's drafts: the decision is then lossless like a fixed ℓ.
     """
     rows, width = expected_tokens.shape
     gamma = width - 1
+    chosen = torch.zeros(rows, dtype=torch.bool)
     if rows == 0 or gamma == 0:
-        return torch.zeros(rows, dtype=torch.bool, device=expected_tokens.device), 0
+        return chosen, 0
     extra = (expected_tokens[:, 1:].to(torch.float64) - 1.0).clamp_min(0.0)  # [R, γ]
     ranked, order = torch.sort(extra, dim=0, descending=True, stable=True)
     gained = rows + ranked.cumsum(dim=0)  # [k = 1..R, L = 1..γ]
-    lengths = torch.arange(1, gamma + 1, device=extra.device)
-    verify = 1.0 / step_curve.steps_per_second_at(rows * (1 + lengths)).to(torch.float64)  # [γ]
-    drafting = torch.zeros(rows, dtype=torch.float64, device=extra.device)
-    if draft_seconds is not None:
-        drafting = draft_seconds[1 : rows + 1].to(device=extra.device, dtype=torch.float64)
-    theta = gained / (verify[None, :] + drafting[:, None])
-    plain = rows * float(step_curve.steps_per_second_at(rows))
+    drafting = draft_seconds[1 : rows + 1, None] if draft_seconds is not None else 0.0
+    theta = gained / (verify_seconds[None, 1:] + drafting)
     best = int(torch.argmax(theta))
-    count, length = best // gamma + 1, best % gamma + 1
-    chosen = torch.zeros(rows, dtype=torch.bool, device=extra.device)
-    if float(theta.flatten()[best]) <= plain:
+    if float(theta.view(-1)[best]) <= rows / float(verify_seconds[0]):
         return chosen, 0
+    count, length = best // gamma + 1, best % gamma + 1
     chosen[order[:count, length - 1]] = True
     return chosen, length
 
 
-def sunk_cost_stop(survival: torch.Tensor, rows: int, step_curve: StepCurve, draft_seconds: float,
+def sunk_cost_stop(survival: torch.Tensor, rows: int, verify_seconds: torch.Tensor, draft_seconds: float,
                    max_length: int) -> int:
     """Causal early stop on this round's survivals once the drafter has run (its cost is sunk).
 
-    survival: `[S, γ]` current prefix survivals of the S drafting rows in a batch of `rows` rows. Raises L from 0
-    while Θ(L) = (rows + Σ_s Σ_{j≤L} a_{s,j}) / (draft_seconds + 1/SPS(rows·(1 + L))) strictly improves, up to
-    `max_length`; deciding on L + 1 reads a_{·,L+1}, which depends on drafts x_{≤L} only (lossless).
+    survival: `[S, γ]` current prefix survivals of the S drafting rows in a batch of `rows` rows; verify_seconds:
+    `[γ + 1]` T_verify(rows·(1 + L)). Raises L from 0 while Θ(L) = (rows + Σ_s Σ_{j≤L} a_{s,j}) / (draft_seconds +
+    T_verify(rows·(1 + L))) strictly improves, up to `max_length`; deciding on L + 1 reads a_{·,L+1}, which depends
+    on drafts x_{≤L} only (lossless).
     """
-    survival = check_survival(survival)
     gamma = min(int(max_length), survival.shape[1])
     if gamma <= 0 or survival.shape[0] == 0:
         return 0
     gains = survival[:, :gamma].to(torch.float64).clamp_min(0.0).sum(dim=0).cumsum(0)
     tau = rows + torch.cat([gains.new_zeros(1), gains])
-    lengths = torch.arange(gamma + 1, device=survival.device)
-    seconds = draft_seconds + 1.0 / step_curve.steps_per_second_at(rows * (1 + lengths)).to(torch.float64)
-    theta = tau / seconds
-    improves = theta[1:] > theta[:-1]
-    return int(torch.argmin(improves.to(torch.int8))) if not bool(improves.all()) else gamma
+    theta = tau / (draft_seconds + verify_seconds[: gamma + 1].to(gains.device))
+    improves = (theta[1:] > theta[:-1]).tolist()
+    return improves.index(False) if False in improves else gamma

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..padded_scheduler import draft_or_decode
+from ..padded_scheduler import draft_or_decode, padded_verify_seconds
 from .acceptance import AcceptanceTracker
 
 
@@ -68,6 +68,13 @@ class CostAwarePlanner:
     optimistic: float = 0.95
     last_estimate: torch.Tensor | None = field(default=None, repr=False)
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
+    _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+
+    def verify_seconds(self, rows: int) -> torch.Tensor:
+        """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
+        if rows not in self._verify_tables:
+            self._verify_tables[rows] = padded_verify_seconds(self.step_curve, rows, self.tracker.block_size)
+        return self._verify_tables[rows]
 
     def draft_seconds(self, rows: int) -> torch.Tensor:
         """T_draft(k) for k = 0..rows, `[rows + 1]` (k = 0 costs nothing; a table grown on demand)."""
@@ -82,7 +89,8 @@ class CostAwarePlanner:
         count, gamma = len(rows), self.tracker.block_size
         cap = cap.detach().cpu().clamp(0, gamma)
         survival = self.tracker.survival(rows)
-        chosen, length = draft_or_decode(self._expected(survival, cap), self.step_curve, self.draft_seconds(count))
+        costs = self.verify_seconds(count), self.draft_seconds(count)
+        chosen, length = draft_or_decode(self._expected(survival, cap), *costs)
         self.last_estimate = survival
         memory = self.tracker.memory
         if length > 0:
@@ -93,7 +101,7 @@ class CostAwarePlanner:
         if not due or not bool((cap > 0).any()):
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         hopeful = torch.full((count, gamma), self.optimistic, dtype=torch.float64).cumprod(dim=-1)
-        chosen, length = draft_or_decode(self._expected(hopeful, cap), self.step_curve, self.draft_seconds(count))
+        chosen, length = draft_or_decode(self._expected(hopeful, cap), *costs)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         memory.rounds_since_probe = 0
@@ -110,8 +118,8 @@ class CostAwarePlanner:
 
     def _interval(self, rows: int, drafting: int, length: int) -> int:
         """Rounds until the next probe so that probes cost ≤ probe_budget of the time."""
-        plain = float(seconds_per_call(self.step_curve, torch.tensor([rows]))[0])
-        probe = float(seconds_per_call(self.step_curve, torch.tensor([rows * (1 + length)]))[0])
+        table = self.verify_seconds(rows)
+        plain, probe = float(table[0]), float(table[length])
         extra = probe - plain + float(self.draft_seconds(rows)[drafting])
         wanted = math.ceil(extra / max(self.probe_budget * plain, 1e-12))
         return int(min(max(wanted, self.min_interval), self.max_interval))

@@ -141,7 +141,7 @@ class VerificationPolicy:
         if survival is not None and not self._plan.probe:
             total = len(self._planner.last_estimate) if self._planner.last_estimate is not None else rows
             sunk = float(self._planner.draft_seconds(rows)[rows])
-            length = sunk_cost_stop(survival, total, self.step_curve, sunk, length)
+            length = sunk_cost_stop(survival, total, self._planner.verify_seconds(total), sunk, length)
         return torch.full((rows,), length, dtype=torch.long, device=device)
 
     def _scheduled(self, survival: torch.Tensor | None) -> torch.Tensor:
