@@ -13,8 +13,9 @@ Four checks, printed as they finish and collected in one JSON report:
    tokens at that step in the plain run: a margin near zero is a floating-point tie (a batched verification
    forward and a one-token forward need not round alike), a large one is a bug. The script exits with status 1
    when an fp32 divergence has a margin above `--tie-margin`.
-2. Speed at γ = 4/8/16 (oracle drafter, ℓ = γ) against plain greedy `generate`, batch 1 and 8, median of
-   `--repeats` runs with the device synchronised around each run.
+2. Speed at γ = 4/8/16 (oracle drafter, `dspark_policy="fixed"`: ℓ = γ) against plain greedy `generate`, batch 1
+   and 8, median of `--repeats` runs with the device synchronised around each run. Every DSpark run here uses
+   the fixed policy, so each round drafts (the default "auto" policy may decode plainly instead).
 3. SPS(B): `hf_dspark.profiling.profile_step_curve` on the target (the curve the load-aware scheduler reads).
 4. The environment: device name, torch / transformers versions, shapes, dtype.
 
@@ -135,12 +136,13 @@ def check_equality(target, prompts: Prompts, batches: list[int], new_tokens: int
                     "untrained": untrained_drafter(target, block_size)}
         for name, drafter in drafters.items():
             output = target.generate(part.input_ids, attention_mask=part.attention_mask, assistant_model=drafter,
-                                     do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+                                     do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                     dspark_policy="fixed")  # every round drafts and verifies γ tokens
             stats = drafter.last_generation_stats
             divergence = first_divergence(reference, output, part.input_ids.shape[1])
             results.append({"dtype": str(target.dtype).removeprefix("torch."), "batch": batch, "drafter": name,
                             "identical": divergence is None, "divergence": divergence,
-                            "tau": stats.mean_accepted_length})
+                            "tau": stats.mean_accepted_length, "drafts_verified": stats.draft_tokens_verified})
             verdict = "identical" if divergence is None else f"DIFFERS {divergence}"
             print(f"  equality  {results[-1]['dtype']:8s} batch {batch}  {name:9s} {verdict}  "
                   f"τ = {stats.mean_accepted_length:.2f}", flush=True)
@@ -172,7 +174,7 @@ def check_speed(target, prompts: Prompts, batches: list[int], gammas: list[int],
             oracle = oracle_for(target, gamma, reference, part.attention_mask)
             run = lambda p=part, o=oracle: target.generate(  # noqa: E731
                 p.input_ids, attention_mask=p.attention_mask, assistant_model=o, do_sample=False,
-                max_new_tokens=new_tokens, min_new_tokens=new_tokens)
+                max_new_tokens=new_tokens, min_new_tokens=new_tokens, dspark_policy="fixed")
             run()  # warm-up
             dspark_s, _ = timed(run, device, repeats)
             tau = oracle.last_generation_stats.mean_accepted_length

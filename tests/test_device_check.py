@@ -29,6 +29,7 @@ def test_device_check_runs_on_cpu_tiny(tmp_path, capsys):
     assert {(r["batch"], r["drafter"]) for r in equality} == {(1, "oracle"), (1, "untrained"), (3, "oracle"),
                                                               (3, "untrained")}
     assert all(r["identical"] and r["dtype"] == "float32" for r in equality)
+    assert all(r["drafts_verified"] > 0 for r in equality)  # the drafters ran (fixed policy), not plain decoding
     assert all(r["tau"] > 4 for r in equality if r["drafter"] == "oracle")  # every oracle draft is accepted
     assert {(r["batch"], r["gamma"]) for r in report["speed"]} == {(1, 4), (1, 8), (3, 4), (3, 8)}
     assert report["step_curve"]["batch_tokens"] == [1, 4] and report["step_curve"]["device"] == "cpu"
