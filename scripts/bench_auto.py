@@ -80,6 +80,8 @@ def main() -> None:
     parser.add_argument("--prompts-per-set", type=int, default=4)
     parser.add_argument("--drafter", default=None, help="trained drafter folder (default: the shipped one)")
     parser.add_argument("--speed-prompts", type=int, default=1)
+    parser.add_argument("--speed-sets", nargs="+", default=SETS)
+    parser.add_argument("--speed-repeats", type=int, default=2)
     parser.add_argument("--skip-speed", action="store_true")
     parser.add_argument("--out-dir", default="benchmarks/results/auto")
     args = parser.parse_args()
@@ -98,9 +100,10 @@ def main() -> None:
         write_json_atomic(out / "summary.json", summary)
         print(name, json.dumps(summary["serve"][name]))
     if not args.skip_speed:
-        speed = SpeedConfig(prompt_files=SETS, num_prompts=args.speed_prompts, max_new_tokens=args.max_new_tokens * 2,
-                            repeats=2, block_sizes=[7], threads=args.threads, drafter=args.drafter,
-                            untrained=True, out=str(out / "speed.json"))
+        speed = SpeedConfig(prompt_files=args.speed_sets, num_prompts=args.speed_prompts,
+                            max_new_tokens=args.max_new_tokens * 2, repeats=args.speed_repeats, block_sizes=[7],
+                            threads=args.threads, drafter=args.drafter, untrained=True,
+                            out=str(out / "speed.json"))
         trained = DSparkDrafter.from_pretrained(args.drafter, target=target) if args.drafter else \
             load_default_drafter(target)
         report = run_speed_benchmark(speed, target, tokenizer, trained)
