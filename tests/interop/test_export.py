@@ -69,6 +69,24 @@ def test_export_then_load_proposes_identically(tmp_path, llama_target, overrides
         _assert_same(original, reloaded)
 
 
+def test_export_with_a_draft_vocabulary_round_trips(tmp_path, llama_target):
+    """The engine layout carries draft_vocab_size, d2t [V_draft], t2d [V] and markov_w2 [V_draft, r]."""
+    drafter = make_drafter(llama_target, head_type="markov", mask_token_id=95)
+    drafter.restrict_draft_vocab(list(range(0, llama_target.config.vocab_size, 3)))
+    out = export_deepspec(drafter, tmp_path / "engine")
+    raw = json.loads((out / "config.json").read_text())
+    size = drafter.config.draft_vocab_size
+    assert raw["draft_vocab_size"] == size
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        assert handle.get_tensor("d2t").shape == (size,)
+        assert handle.get_tensor("t2d").shape == (llama_target.config.vocab_size,)
+        assert handle.get_tensor("markov_head.markov_w2.weight").shape == (size, drafter.config.markov_rank)
+    loaded = DSparkDrafter.from_pretrained(out, target=llama_target)
+    assert torch.equal(loaded.draft_token_ids(), drafter.draft_token_ids())
+    for original, reloaded in zip(_proposals(drafter, llama_target), _proposals(loaded, llama_target)):
+        _assert_same(original, reloaded)
+
+
 def test_exported_files_and_fields(tmp_path, llama_target):
     drafter = make_drafter(llama_target, mask_token_id=95, calibration_temperatures=[1.0, 1.5, 2.0, 2.5])
     curve = StepCurve([1, 8, 64], [50.0, 45.0, 12.0], model="tiny", device="cpu")

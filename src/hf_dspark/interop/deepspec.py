@@ -99,6 +99,7 @@ def config_from_deepspec(
         confidence_with_markov=bool(raw.get("confidence_head_with_markov", False)),
         sample_from_anchor=bool(sample_from_anchor),
         source_layout="deepspec",
+        draft_vocab_size=raw.get("draft_vocab_size"),
         **head,
         **calibration,
         **shape_fields(raw, config_file, use_qk_norm),
@@ -142,6 +143,8 @@ def deepspec_config_dict(config: DSparkConfig, dtype: torch.dtype) -> dict[str, 
     }
     if config.head_type != "none":
         raw["markov_head_type"] = HEAD_TO_DEEPSPEC[config.head_type]
+    if config.draft_vocab_size is not None:  # weights carry d2t [V_draft], t2d [V] and markov_w2 [V_draft, r]
+        raw["draft_vocab_size"] = config.draft_vocab_size
     if config.use_confidence_head:
         raw["confidence_head_with_markov"] = config.confidence_with_markov
     return raw

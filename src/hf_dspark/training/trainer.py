@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -155,6 +156,7 @@ class DSparkTrainer(Trainer):
         super().__init__(model=model, args=args, **kwargs)
         self.add_callback(_CollatorEpochCallback(self.data_collator))
         self.add_callback(_StopAfterStepsCallback())
+        self._cpu_clock_offset_s: float | None = None
         self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
         self._metric_counts = {"train": 0, "eval": 0}
@@ -243,7 +245,15 @@ class DSparkTrainer(Trainer):
             return {}
         return {key: float(v) / total for key, v in zip(keys, values[:-1].tolist())}
 
+    def _cpu_hours(self) -> float:
+        """CPU time of this process (all threads) plus what the resumed run had logged: training compute so far."""
+        if self._cpu_clock_offset_s is None:
+            earlier = [entry["cpu_hours"] for entry in self.state.log_history if "cpu_hours" in entry]
+            self._cpu_clock_offset_s = (3600.0 * earlier[-1] if earlier else 0.0) - time.process_time()
+        return round((self._cpu_clock_offset_s + time.process_time()) / 3600.0, 5)
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs["cpu_hours"] = self._cpu_hours()
         mode = "eval" if any(key.startswith("eval_") for key in logs) else "train"
         if self._metric_counts[mode]:  # equal on every rank: all ranks run the same steps
             prefix = "eval_" if mode == "eval" else ""
