@@ -28,11 +28,13 @@ from .acceptance import AcceptanceTracker
 @dataclass
 class DraftPlan:
     """Rows that draft this round (`rows`, indices into the active rows; None = all) and their planned uniform
-    verification length (`length`; None = the policy decides from the proposal). `probe`: a refresh round."""
+    verification length (`length`; None = the policy decides from the proposal). `probe`: a refresh round;
+    `batch_rows`: active rows in the round (None: unknown), whose padding the verification pays for."""
 
     rows: torch.Tensor | None = None
     length: int | None = None
     probe: bool = False
+    batch_rows: int | None = None
 
     @property
     def drafts(self) -> bool:
@@ -66,7 +68,6 @@ class CostAwarePlanner:
     min_interval: int = 8
     max_interval: int = 512
     optimistic: float = 0.95
-    last_estimate: torch.Tensor | None = field(default=None, repr=False)
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
@@ -91,11 +92,10 @@ class CostAwarePlanner:
         survival = self.tracker.survival(rows)
         costs = self.verify_seconds(count), self.draft_seconds(count)
         chosen, length = draft_or_decode(self._expected(survival, cap), *costs)
-        self.last_estimate = survival
         memory = self.tracker.memory
         if length > 0:
             memory.rounds_since_probe = 0
-            return DraftPlan(rows=chosen.nonzero().flatten(), length=length)
+            return DraftPlan(rows=chosen.nonzero().flatten(), length=length, batch_rows=count)
         memory.rounds_since_probe += 1
         due = not memory.observed or memory.rounds_since_probe >= max(memory.probe_interval, self.min_interval)
         if not due or not bool((cap > 0).any()):
@@ -106,7 +106,7 @@ class CostAwarePlanner:
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         memory.rounds_since_probe = 0
         memory.probe_interval = self._interval(count, int(chosen.sum()), length)
-        return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True)
+        return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count)
 
     @staticmethod
     def _expected(survival: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:

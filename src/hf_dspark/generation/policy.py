@@ -139,7 +139,7 @@ class VerificationPolicy:
         """The planned L, cut by the sunk-cost early stop on this round's survivals when there are any."""
         length = int(self._plan.length if self._plan.length is not None else self.block_size)
         if survival is not None and not self._plan.probe:
-            total = len(self._planner.last_estimate) if self._planner.last_estimate is not None else rows
+            total = self._plan.batch_rows or rows
             sunk = float(self._planner.draft_seconds(rows)[rows])
             length = sunk_cost_stop(survival, total, self._planner.verify_seconds(total), sunk, length)
         return torch.full((rows,), length, dtype=torch.long, device=device)

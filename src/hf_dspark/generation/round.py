@@ -182,9 +182,10 @@ class RoundKernel:
         if proposal.confidence_logits is not None:
             record.confidence_logits = _scatter(proposal.confidence_logits, index, rows, float("nan"))
         drafts = _scatter(proposal.draft_ids, index, rows)
-        probs = proposal.draft_probs[:, : int(sub_len.max())] if self.do_sample else None
-        return drafts, _scatter(probs, index, rows) if probs is not None else None, _scatter(sub_len, index, rows), \
-            record
+        probs = None
+        if self.do_sample:
+            probs = _scatter(proposal.draft_probs[:, : int(sub_len.max())], index, rows)
+        return drafts, probs, _scatter(sub_len, index, rows), record
 
     def _verify(self, drafts, draft_probs, scores, verify_len, steps) -> VerificationResult:
         if self.do_sample:
