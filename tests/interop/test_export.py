@@ -3,6 +3,7 @@ round trips that propose identically."""
 
 import json
 import logging
+import os
 
 import pytest
 import torch
@@ -185,6 +186,7 @@ def test_export_refuses_a_folder_holding_a_model_unless_overwrite(tmp_path, llam
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "calibration.json", "config.json",
                                                       "model.safetensors"]
     assert detect_layout(out) == "deepspec" and [p.name for p in tmp_path.iterdir()] == ["model"]
+    assert out.stat().st_mode & 0o777 == 0o777 & ~_umask()  # an ordinary folder, not mkdtemp's private one
     with pytest.raises(FileExistsError, match="not empty"):
         export_deepspec(drafter, out)  # a finished export is not replaced silently either
 
@@ -245,3 +247,9 @@ def test_export_refuses_non_finite_weights(tmp_path, llama_target):
     with pytest.raises(ValueError, match=r"tensor fc\.weight holds 1 NaN/Inf value\(s\) in float16"):
         export_deepspec(drafter.to(torch.float16), tmp_path / "engine")  # 1e6 overflows float16
     assert not (tmp_path / "engine").exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

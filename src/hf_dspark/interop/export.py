@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -98,6 +99,9 @@ def export_deepspec(
     curve = _step_curve_payload(drafter, step_curve)
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staged.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
     try:
         written = write_deepspec_folder(drafter, staged, curve, source_folder=out)
         name = target_name or drafter._bound.name_or_path or "TARGET"
