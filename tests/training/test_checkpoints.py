@@ -49,10 +49,16 @@ def test_checkpoints_are_published_whole(run_dir):
     assert state["global_step"] == 4 and STAGING_DIR not in json.dumps(state)
 
 
-@pytest.mark.parametrize("damage", ["no_state", "cut_state", "cut_weights", "no_weights", "cut_optimizer"])
+@pytest.mark.parametrize("damage", ["no_state", "cut_state", "cut_weights", "no_weights", "cut_optimizer",
+                                    "missing_shard"])
 def test_auto_resume_skips_a_partial_checkpoint(run_dir, damage):
     newest = run_dir / "checkpoint-4"
-    if damage == "no_state":
+    if damage == "missing_shard":
+        (newest / "model.safetensors").rename(newest / "model-00001-of-00002.safetensors")
+        index = {"metadata": {}, "weight_map": {"fc.weight": "model-00001-of-00002.safetensors",
+                                                "norm.weight": "model-00002-of-00002.safetensors"}}
+        (newest / "model.safetensors.index.json").write_text(json.dumps(index))
+    elif damage == "no_state":
         (newest / "trainer_state.json").unlink()
     elif damage == "no_weights":
         (newest / "model.safetensors").unlink()

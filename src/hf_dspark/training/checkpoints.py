@@ -42,6 +42,14 @@ def checkpoints_in(output_dir: str | Path) -> list[Path]:
 
 
 def _weights_problem(folder: Path) -> str | None:
+    for index in folder.glob("*.safetensors.index.json"):
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+            return f"{index.name} is unreadable ({err!r})"
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            return f"{index.name} lists missing shard(s) {missing}"
     weights = sorted(folder.glob("*.safetensors"))
     for file in weights:
         try:
