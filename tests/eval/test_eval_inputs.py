@@ -123,3 +123,17 @@ def test_an_empty_or_malformed_prompt_file_is_refused_before_any_model_loads(tmp
 def test_out_may_not_be_a_folder(prompt_sets, tmp_path):
     with pytest.raises(ValueError, match=r"is a folder; give the report's file path"):
         _config(prompt_sets, tmp_path, out=str(tmp_path), overwrite=True)
+
+
+def test_records_written_before_identities_are_reused_with_a_warning(target, prompt_sets, chat_tokenizer, tmp_path,
+                                                                     monkeypatch, caplog):
+    config = _config(prompt_sets[:1], tmp_path)
+    drafter = make_drafter(target, block_size=GAMMA)
+    run_eval(config, target, chat_tokenizer, {"dspark": drafter})
+    lines = [json.loads(line) for line in config.work_path.read_text().splitlines()]
+    config.work_path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "drafter_id"}) + "\n"
+                                        for r in lines))  # the format of earlier hf-dspark versions
+    rows = _count_rows(target, monkeypatch)
+    run_eval(config, target, chat_tokenizer, {"dspark": drafter})
+    assert rows == [] and "predate drafter identities" in caplog.text and "--restart" in caplog.text
+

@@ -40,7 +40,8 @@ def drafter_identity(drafter: nn.Module) -> str:
 
 class WorkFile:
     """Append-only JSONL of per-(drafter, ℓ, set, prompt, turn) records; records of other settings are ignored, and
-    so are records of a drafter whose identity (`identities[name]`, see `drafter_identity`) has changed."""
+    so are records of a drafter whose identity (`identities[name]`, see `drafter_identity`) has changed. Records
+    written before identities were recorded (no `drafter_id`) are reused with a warning."""
 
     def __init__(self, path: Path, fingerprint: str, resume: bool = True,
                  identities: dict[str, str] | None = None) -> None:
@@ -57,7 +58,7 @@ class WorkFile:
         if data and not data.endswith(b"\n"):  # drop a line cut by an interruption before appending again
             with open(self.path, "r+b") as handle:
                 handle.truncate(data.rfind(b"\n") + 1)
-        ignored, changed = 0, set()
+        ignored, changed, legacy = 0, set(), set()
         with open(self.path, encoding="utf-8") as handle:
             for line in handle:
                 try:
@@ -69,7 +70,9 @@ class WorkFile:
                     ignored += 1
                     continue
                 expected = self.identities.get(record.get("drafter"))
-                if expected is not None and record.get("drafter_id") != expected:
+                if expected is not None and "drafter_id" not in record:
+                    legacy.add(record["drafter"])  # written before identities were recorded: reused, with a warning
+                elif expected is not None and record["drafter_id"] != expected:
                     changed.add(record["drafter"])
                     continue
                 self.records[self.key(record)] = record
@@ -78,6 +81,9 @@ class WorkFile:
         if changed:
             logger.warning(f"{self.path}: drafter(s) {sorted(changed)} changed since their records were written "
                            "(other weights or config under the same name); evaluating them afresh")
+        if legacy:
+            logger.warning(f"{self.path}: the records of {sorted(legacy)} predate drafter identities and are reused "
+                           "as if written by the drafters given now; pass --restart if any of them has changed since")
 
     @staticmethod
     def key(record: dict) -> tuple:
