@@ -2,16 +2,16 @@
 
     # 1. export a training checkpoint (fp32) to the package's resources folder in bf16
     python scripts/ship_default_drafters.py export --variant dspark \
-        --checkpoint runs/smollm2-135m-instruct-dspark/checkpoint-700
+        --checkpoint runs/dspark/checkpoint-400
     # 2. calibrate in place (writes the STS temperatures into config.json + calibration.json)
     hf-dspark calibrate --drafter src/hf_dspark/resources/drafters/smollm2-135m-instruct-dspark \
         --prompts data/calibration/heldout_train_prompts.jsonl --mode both --limit 48
     # 3. after `hf-dspark eval`, write the model card with the measured τ
     python scripts/ship_default_drafters.py card --variant dspark \
-        --checkpoint runs/smollm2-135m-instruct-dspark/checkpoint-700 \
-        --eval benchmarks/results/eval_t0.json benchmarks/results/eval_t1.json --wall-hours 1.8
+        --checkpoint runs/dspark/checkpoint-400 \
+        --eval benchmarks/results/eval_t0.json benchmarks/results/eval_t1.json --cpu-hours 2.5
 
-The card states the data, the training budget (steps, sequences, reply tokens, wall-clock), τ per eval set at each
+The card states the data, the training budget (steps, sequences, compute), τ per eval set at each
 temperature found in the given eval reports, the calibration result and the exact reproduction commands.
 """
 
@@ -27,41 +27,38 @@ from hf_dspark.defaults import DEFAULT_TARGET_NAME, default_drafter_dir
 from hf_dspark.interop.hub import add_remote_code, write_model_card
 from hf_dspark.modeling_dspark import DSparkDrafter
 
-TRAIN_DATA = "data/train_regenerated/smollm2_135m_instruct.jsonl"
+TRAIN_DATA = "data/train_regenerated/ (smollm2_135m_instruct.jsonl + smollm2_135m_instruct_more.jsonl)"
 HEAD_FLAGS = {"dspark": "--head_type markov", "dflash": "--head_type none --confidence_with_markov false"}
-# held-out loss/τ during training (no effect on the weights: anchors are seeded per example); the baseline ran
-# without it after its first 100 steps to fit the session's time budget
-EVAL_FLAGS = {"dspark": "--eval_strategy steps --eval_steps 250 --per_device_eval_batch_size 4",
-              "dflash": "--eval_strategy no"}
 TITLES = {"dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
           "dflash": "DFlash-style baseline drafter for SmolLM2-135M-Instruct (hf-dspark)"}
+EVAL_LIMIT = 20
 
 
 def reproduce_block(variant: str, steps: int) -> str:
     """The exact commands that produced the shipped folder (training, export, calibration, eval)."""
-    out = f"runs/smollm2-135m-instruct-{variant}"
+    out = f"runs/{variant}"
     folder = f"src/hf_dspark/resources/drafters/smollm2-135m-instruct-{variant}"
     sets = "data/eval/gsm8k.jsonl data/eval/humaneval.jsonl data/eval/mt-bench.jsonl"
     return f"""```bash
-# training (1 CPU thread, online target features; stopped after step {steps} of the 1,500-step cosine schedule)
+# v2 training: warm start from the v1 drafter (700 steps, see the git history of this folder), 1 CPU thread,
+# online bf16 target features, dense anchors, 8,192-token draft vocabulary, {steps} steps of a 400-step cosine
 OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --output_dir {out} \\
-  --resume_from_checkpoint auto --num_hidden_layers 2 --block_size 7 --markov_rank 64 --mask_token_id 16 \\
-  {HEAD_FLAGS[variant]} --max_steps 1500 --stop_after_steps {steps} --per_device_train_batch_size 4 \\
-  --anchors_per_sequence 16 \\
-  --learning_rate 6e-4 --lr_scheduler_type cosine --warmup_steps 50 --weight_decay 0.0 --validation_fraction 0.05 \\
-  {EVAL_FLAGS[variant]} --save_strategy steps --save_steps 100 \\
-  --save_total_limit 3 --logging_steps 10 --seed 0 --num_threads 1 --use_cpu --report_to none
+  --resume_from_checkpoint auto --init_drafter {folder} --target_dtype bfloat16 --bf16 True --use_cpu True \\
+  --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps 400 \\
+  --learning_rate 3e-4 --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \\
+  --validation_fraction 0.004 --eval_strategy steps --eval_steps 50 --per_device_eval_batch_size 4 \\
+  --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \\
+  --train_sampling_strategy group_by_length --num_threads 1 --report_to none --seed 0
 # bf16 export, calibration on held-out training prompts, card
-python scripts/ship_default_drafters.py export --variant {variant} --checkpoint {out}/checkpoint-{steps}
+python scripts/ship_default_drafters.py export --variant {variant} --checkpoint {out}/checkpoint-{steps} --force
 hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_prompts.jsonl \\
   --mode both --limit 48 --max-new-tokens 96 --batch-size 8 --threads 1
-# accepted length (γ = 7, no scheduler), first 40 prompts per set, T = 0 and T = 1
+# accepted length (γ = 7, no scheduler), first {EVAL_LIMIT} prompts per set, T = 0 and T = 1
 hf-dspark eval --drafters dspark=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dspark \\
   dflash=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dflash --prompt-lookup --sets {sets} \\
-  --limit 40 --max-new-tokens 128 --batch-size 8 --threads 1 --temperature 0 --sweep \\
+  --limit {EVAL_LIMIT} --max-new-tokens 128 --batch-size 8 --threads 1 --temperature 0 \\
   --out benchmarks/results/eval_t0.json
-hf-dspark eval --drafters dspark=... dflash=... --prompt-lookup --sets {sets} --limit 40 --max-new-tokens 128 \\
-  --batch-size 8 --threads 1 --temperature 1 --out benchmarks/results/eval_t1.json
+hf-dspark eval ... (the same) --temperature 1 --out benchmarks/results/eval_t1.json
 ```"""
 
 
@@ -95,17 +92,17 @@ def calibration_notes(folder: Path) -> str:
     return "Calibration (held-out training prompts, `calibration.json`):\n" + "\n".join(lines)
 
 
-def budget_text(checkpoint: Path, wall_hours: float | None) -> tuple[str, int]:
+def budget_text(checkpoint: Path, cpu_hours: float | None) -> tuple[str, int]:
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     args = torch.load(checkpoint / "training_args.bin", weights_only=False)
     steps, epochs = state["global_step"], state["epoch"]
-    batch, anchors = args.per_device_train_batch_size, args.anchors_per_sequence
+    batch = args.per_device_train_batch_size
     last = [h for h in state["log_history"] if "tau_est" in h][-1]
-    wall = f"{wall_hours:.1f} h wall-clock on 1 CPU thread" if wall_hours else "wall-clock not recorded"
-    return (f"{steps} optimizer steps ({epochs:.2f} epochs of 2,090 training sequences ≈ "
-            f"{epochs * 410_176 / 1e3:.0f}k reply tokens through the frozen target), batch {batch} sequences × "
-            f"{anchors} anchor blocks of γ = 7, lr 6e-4 cosine (1,500-step schedule, stopped at step {steps}); "
-            f"{wall}. Training-batch τ estimate at the end: {last['tau_est']:.2f}.", steps)
+    compute = f"{cpu_hours:.1f} CPU-hours in all (v1 + v2)" if cpu_hours else "compute not recorded"
+    return (f"v1: 700 steps × 4 sequences × 16 anchor blocks on the first 2,200 prompts (fp32); v2 (warm start): "
+            f"{steps} steps × {batch} sequences with dense anchors (every reply position anchors a block), bf16 "
+            f"autocast, an 8,192-token draft vocabulary, lr 3e-4 cosine ({epochs:.3f} epochs of 9,000 sequences); "
+            f"{compute}. Training-batch τ estimate (T = 1) at the end: {last['tau_est']:.2f}.", steps)
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -121,9 +118,9 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_card(args: argparse.Namespace) -> None:
     folder = default_drafter_dir(args.variant)
     drafter = DSparkDrafter.from_pretrained(folder)
-    budget, steps = budget_text(Path(args.checkpoint), args.wall_hours)
-    notes = ("Measured with `hf-dspark eval` on the first 40 prompts of each set (MT-Bench: both turns), γ = ℓ = 7, "
-             "no scheduler, 128 new tokens per turn, fp32 target on CPU.\n\n" + calibration_notes(folder))
+    budget, steps = budget_text(Path(args.checkpoint), args.cpu_hours)
+    notes = (f"Measured with `hf-dspark eval` on the first {EVAL_LIMIT} prompts of each set (MT-Bench: both turns), "
+             "γ = ℓ = 7, no scheduler, 128 new tokens per turn, fp32 target on CPU.\n\n" + calibration_notes(folder))
     usage = f"""```python
 import hf_dspark
 
@@ -134,8 +131,8 @@ inputs = tokenizer.apply_chat_template([{{"role": "user", "content": "What is 17
 output = target.generate(**inputs, assistant_model=drafter, max_new_tokens=128)
 ```"""
     write_model_card(drafter, folder, base_model=f"HuggingFaceTB/{DEFAULT_TARGET_NAME}", title=TITLES[args.variant],
-                     training_data=f"{TRAIN_DATA} (2,200 prompts from gsm8k train, Code Alpaca, ShareGPT; replies "
-                     "regenerated by the target, see data/README.md; 5% held out)", budget=budget,
+                     training_data=f"{TRAIN_DATA} (9,036 prompts from gsm8k train, Code Alpaca, ShareGPT; replies "
+                     "regenerated by the target, see data/README.md; 0.4% held out)", budget=budget,
                      tau_table=tau_rows(args.variant, args.eval), notes=notes,
                      reproduce=reproduce_block(args.variant, steps), usage=usage)
     print(f"wrote {folder / 'README.md'}")
@@ -146,13 +143,13 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("export", "card"):
         p = sub.add_parser(name)
-        p.add_argument("--variant", choices=["dspark", "dflash"], required=True)
+        p.add_argument("--variant", choices=["dspark", "dflash"], required=True, help="which default drafter")
         p.add_argument("--checkpoint", required=True, help="training checkpoint folder (fp32, with trainer_state)")
         if name == "export":
-            p.add_argument("--force", action="store_true")
+            p.add_argument("--force", action="store_true", help="replace the shipped drafter")
         else:
             p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
-            p.add_argument("--wall-hours", type=float, default=None)
+            p.add_argument("--cpu-hours", type=float, default=None, help="training compute in all (v1 + v2)")
     args = parser.parse_args()
     cmd_export(args) if args.command == "export" else cmd_card(args)
 
