@@ -10,7 +10,7 @@ import torch
 from hf_dspark.eval.accepted_length import EvalConfig, run_eval
 from hf_dspark.eval.eval_report import domain_of
 from hf_dspark.eval.prompts import set_names
-from hf_dspark.eval.work_file import drafter_identity
+from hf_dspark.eval.work_file import drafter_identity, target_identity
 from tests.helpers import make_drafter, make_target
 
 GAMMA = 4
@@ -52,7 +52,7 @@ def test_a_retrained_drafter_under_the_same_name_is_evaluated_afresh(target, pro
     report = run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": retrained})
     assert rows == [3] and "changed since their records were written" in caplog.text
     records = [json.loads(line) for line in (tmp_path / "out" / "eval_tiny.work.jsonl").read_text().splitlines()]
-    assert {r["drafter_id"] for r in records[-3:]} == {drafter_identity(retrained)}
+    assert {r["drafter_id"] for r in records[-3:]} == {f"{drafter_identity(retrained)}-{target_identity(target)}"}
     assert report["table"]["dspark"]["sets"]["gsm8k"]["turns"] == 3
 
 
@@ -136,4 +136,14 @@ def test_records_written_before_identities_are_reused_with_a_warning(target, pro
     rows = _count_rows(target, monkeypatch)
     run_eval(config, target, chat_tokenizer, {"dspark": drafter})
     assert rows == [] and "predate drafter identities" in caplog.text and "--restart" in caplog.text
+
+
+def test_records_of_another_target_are_not_reused(target, prompt_sets, chat_tokenizer, tmp_path, monkeypatch):
+    config = _config(prompt_sets[:1], tmp_path, prompt_lookup=True)
+    run_eval(config, target, chat_tokenizer, {"dspark": make_drafter(target, block_size=GAMMA)})
+    other = make_target("llama", seed=6)  # same shapes, other weights (e.g. another checkpoint of the family)
+    assert target_identity(other) != target_identity(target)
+    rows = _count_rows(other, monkeypatch)
+    run_eval(config, other, chat_tokenizer, {"dspark": make_drafter(other, block_size=GAMMA)})
+    assert sum(rows) == 6  # both the drafter and prompt lookup re-run all 3 prompts
 

@@ -28,7 +28,7 @@ from ..modeling_dspark import DSparkDrafter
 from .acceptance_metrics import leading_matches
 from .prompt_lookup import prompt_lookup_for
 from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names
-from .work_file import WorkFile, drafter_identity
+from .work_file import WorkFile, drafter_identity, target_identity
 
 logger = logging.get_logger(__name__)
 
@@ -312,8 +312,9 @@ def run_eval(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDr
     start = time.perf_counter()
     sets = load_sets(config)
     plans, skipped = make_plans(config, target, drafters)
-    identities = {name: drafter_identity(drafter) for name, drafter in drafters.items()}
-    identities[PROMPT_LOOKUP] = PROMPT_LOOKUP  # rule-based: no weights to compare
+    against = target_identity(target)  # a record is reused only for the same drafter and target
+    identities = {name: f"{drafter_identity(drafter)}-{against}" for name, drafter in drafters.items()}
+    identities[PROMPT_LOOKUP] = f"{PROMPT_LOOKUP}-{against}"  # rule-based: no weights of its own
     work = WorkFile(config.work_path, config.fingerprint, config.resume, identities)
     for plan in plans:
         if isinstance(plan.drafter, torch.nn.Module):  # model-free drafters (prompt lookup) have no eval mode

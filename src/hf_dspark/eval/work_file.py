@@ -38,6 +38,18 @@ def drafter_identity(drafter: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def target_identity(target: nn.Module) -> str:
+    """A digest of the target's name, config, dtype and input embedding (cheap: not every weight), so records
+    made against another target or dtype under the same `--out` are not reused."""
+    digest = hashlib.blake2b(digest_size=12)
+    config = {k: v for k, v in target.config.to_dict().items() if k != "transformers_version"}
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    embedding = target.get_input_embeddings().weight.detach()
+    digest.update(f"{getattr(target, 'name_or_path', '')}|{embedding.dtype}".encode())
+    digest.update(embedding.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
 class WorkFile:
     """Append-only JSONL of per-(drafter, ℓ, set, prompt, turn) records; records of other settings are ignored, and
     so are records of a drafter whose identity (`identities[name]`, see `drafter_identity`) has changed. Records
