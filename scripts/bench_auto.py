@@ -52,19 +52,19 @@ def _drafters(target, args, prompts) -> dict:
 
 
 def _summary(report: dict) -> dict:
+    """Per C: auto / plain and auto / best fixed ℓ (medians of per-pass paired ratios), drafted rounds, overhead."""
     out = {}
+    ratios = report["ratios_to_plain"]
     by = {(r["policy"], r["concurrency"]): r for r in report["results"]}
     for c in sorted({r["concurrency"] for r in report["results"]}):
-        auto, plain = by.get(("auto", c)), by.get(("none", c))
-        fixed = [by[(p, c)] for p in ("fixed", "fixed1") if (p, c) in by]
-        best = max(fixed, key=lambda r: r["aggregate_tokens_per_second"]) if fixed else None
-        if auto and plain:
-            rate = auto["aggregate_tokens_per_second"]
-            out[c] = {"auto_over_plain": round(rate / plain["aggregate_tokens_per_second"], 3),
-                      "auto_over_best_fixed": round(auto["aggregate_tokens_per_second"]
-                                                    / best["aggregate_tokens_per_second"], 3) if best else None,
-                      "auto_drafted_round_fraction": round(auto["drafted_round_fraction"], 3),
-                      "auto_policy_share": round(auto["policy_share_of_round_time"], 5)}
+        if ("auto", c) not in by or c not in ratios.get("auto", {}):
+            continue
+        fixed = [ratios[p][c] for p in ("fixed", "fixed1") if c in ratios.get(p, {})]
+        auto = by[("auto", c)]
+        out[c] = {"auto_over_plain": ratios["auto"][c],
+                  "auto_over_best_fixed": round(ratios["auto"][c] / max(fixed), 3) if fixed else None,
+                  "auto_drafted_round_fraction": round(auto["drafted_round_fraction"], 3),
+                  "auto_policy_share": round(auto["policy_share_of_round_time"], 5)}
     return out
 
 
@@ -75,7 +75,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--policies", nargs="+", default=["none", "fixed1", "fixed", "scheduler", "auto"])
     parser.add_argument("--drafters", nargs="+", default=["shipped", "untrained", "oracle"])
-    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=8, help="finished requests per policy, C and pass")
+    parser.add_argument("--passes", type=int, default=1, help="interleaved passes over the policies per C (medians)")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--prompts-per-set", type=int, default=4)
     parser.add_argument("--drafter", default=None, help="trained drafter folder (default: the shipped one)")
@@ -93,7 +94,7 @@ def main() -> None:
     summary = {"dtype": dtype, "threads": args.threads, "serve": {}}
     for name, drafter in _drafters(target, args, prompts).items():
         config = ServeConfig(concurrency=args.concurrency, policies=args.policies, requests_per_level=args.requests,
-                             max_new_tokens=args.max_new_tokens, threads=args.threads,
+                             max_new_tokens=args.max_new_tokens, threads=args.threads, repeats=args.passes,
                              out=str(out / f"serve_{name}.json"))
         report = run_serve_benchmark(config, target, prompts, drafter, drafter_label=f"{name} ({dtype})")
         summary["serve"][name] = _summary(report)

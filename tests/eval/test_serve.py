@@ -19,7 +19,7 @@ def test_serve_benchmark_covers_every_policy_and_level(tmp_path):
     target = make_target("llama", seed=7)
     drafter = make_drafter(target, seed=1)
     curve = StepCurve([1, 8, 64], [10.0, 6.0, 1.5], model="tiny", threads=1)
-    config = ServeConfig(concurrency=[1, 3], requests_per_level=3, max_new_tokens=5, threads=1,
+    config = ServeConfig(concurrency=[1, 3], requests_per_level=3, max_new_tokens=5, threads=1, repeats=2,
                          out=str(tmp_path / "serve.json"))
     draft_curve = StepCurve([1, 8], [40.0, 20.0])
     report = run_serve_benchmark(config, target, _prompts(), drafter, step_curve=curve, drafter_label="tiny",
@@ -36,6 +36,7 @@ def test_serve_benchmark_covers_every_policy_and_level(tmp_path):
     saved = json.loads((tmp_path / "serve.json").read_text())
     assert saved["drafter"] == "tiny" and len(saved["results"]) == len(rows)
     assert set(saved["ratios_to_plain"]) == set(POLICY_NAMES) - {"none"}
+    assert len(saved["runs"]) == 2 * len(rows) and all(row["passes"] == 2 for row in rows.values())
     assert all(0 <= rows[("auto", c)]["drafted_round_fraction"] <= 1 for c in (1, 3))
     assert (tmp_path / "serve_frontier.png").stat().st_size > 0 and (tmp_path / "serve_budget.png").is_file()
 

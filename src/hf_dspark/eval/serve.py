@@ -37,6 +37,9 @@ class ServeConfig:
     arrival_rate: requests/s for Poisson arrivals instead of closed-loop clients (None = closed loop).
     threshold: survival threshold of the `threshold` policy.
     threads: torch threads (pinned).
+    repeats: interleaved passes over the policies at each C (each pass serves `requests_per_level` requests per
+        policy); a (policy, C) result is the median over passes and its ratio to plain the median of the per-pass
+        ratios, which a shared machine's load drifts disturb less than one long pass.
     seed: prompt order and arrivals.
     out: JSON path (PNGs beside it).
     """
@@ -48,6 +51,7 @@ class ServeConfig:
     arrival_rate: float | None = None
     threshold: float = 0.5
     threads: int = 2
+    repeats: int = 1
     seed: int = 0
     out: str = "benchmarks/results/serve.json"
 
@@ -55,8 +59,8 @@ class ServeConfig:
         unknown = [p for p in self.policies if p not in POLICY_NAMES]
         if unknown:
             raise ValueError(f"unknown policies {unknown}; choose from {POLICY_NAMES}")
-        if any(c < 1 for c in self.concurrency) or self.requests_per_level < 1:
-            raise ValueError("concurrency levels and requests_per_level must be >= 1")
+        if any(c < 1 for c in self.concurrency) or self.requests_per_level < 1 or self.repeats < 1:
+            raise ValueError("concurrency levels, requests_per_level and repeats must be >= 1")
 
 
 def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_curve=None,
@@ -147,33 +151,49 @@ def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor]
     torch.set_num_threads(config.threads)
     step_curve, draft_curve = _curves(config, target, drafter, step_curve, draft_curve)
     rng = random.Random(config.seed)
-    results = []
-    levels = [(p, c) for c in config.concurrency for p in config.policies]
-    for policy_name, concurrency in tqdm(levels, desc="serve levels"):
+    runs = []
+    levels = [(r, p, c) for c in config.concurrency for r in range(config.repeats) for p in config.policies]
+    for repeat, policy_name, concurrency in tqdm(levels, desc="serve levels"):
         policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold, draft_curve,
                              memory_key=drafter)
         engine = DSparkEngine(target, None if policy == "none" else drafter, policy=policy,
                               max_running=max(config.concurrency))
         total = max(config.requests_per_level, concurrency)
         metrics = run_level(engine, prompts, concurrency, total, config.max_new_tokens, config.arrival_rate, rng)
-        results.append({"policy": policy_name, "concurrency": concurrency, **metrics})
+        runs.append({"policy": policy_name, "concurrency": concurrency, "repeat": repeat, **metrics})
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
     report = {"config": asdict(config), "drafter": drafter_label, "block_size": drafter.config.block_size,
-              "torch_threads": config.threads, "dtype": dtype, "results": results,
-              "ratios_to_plain": ratios_to_plain(results)}
+              "torch_threads": config.threads, "dtype": dtype, "results": median_results(runs),
+              "ratios_to_plain": ratios_to_plain(runs), "runs": runs}
     _write(report, Path(config.out))
     return report
 
 
-def ratios_to_plain(results: list[dict]) -> dict[str, dict[int, float]]:
-    """Aggregate tokens/s of every policy over `none` (plain batched decoding) at the same C, measured back to back."""
-    plain = {r["concurrency"]: r["aggregate_tokens_per_second"] for r in results if r["policy"] == "none"}
-    ratios: dict[str, dict[int, float]] = {}
-    for r in results:
-        if r["policy"] != "none" and r["concurrency"] in plain:
-            value = r["aggregate_tokens_per_second"] / plain[r["concurrency"]]
-            ratios.setdefault(r["policy"], {})[r["concurrency"]] = round(value, 3)
-    return ratios
+def median_results(runs: list[dict]) -> list[dict]:
+    """One row per (policy, C): the median of every numeric metric over the passes."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["policy"], run["concurrency"]), []).append(run)
+    rows = []
+    for (policy, concurrency), group in groups.items():
+        metrics = {k: statistics.median(r[k] for r in group) for k, v in group[0].items()
+                   if isinstance(v, (int, float)) and k not in ("concurrency", "repeat")}
+        rows.append({"policy": policy, "concurrency": concurrency, "passes": len(group), **metrics})
+    return rows
+
+
+def ratios_to_plain(runs: list[dict]) -> dict[str, dict[int, float]]:
+    """Aggregate tokens/s of every policy over `none` (plain batched decoding) at the same C and pass, measured
+    back to back; the median over passes."""
+    plain = {(r["concurrency"], r.get("repeat", 0)): r["aggregate_tokens_per_second"] for r in runs
+             if r["policy"] == "none"}
+    paired: dict[str, dict[int, list[float]]] = {}
+    for r in runs:
+        key = (r["concurrency"], r.get("repeat", 0))
+        if r["policy"] != "none" and key in plain:
+            ratio = r["aggregate_tokens_per_second"] / plain[key]
+            paired.setdefault(r["policy"], {}).setdefault(r["concurrency"], []).append(ratio)
+    return {p: {c: round(statistics.median(v), 3) for c, v in by_c.items()} for p, by_c in paired.items()}
 
 
 def _write(report: dict, path: Path) -> None:
