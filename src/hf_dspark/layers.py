@@ -43,6 +43,7 @@ def _inverse_frequencies(config: DSparkConfig) -> tuple[torch.Tensor, float]:
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     shim = SimpleNamespace(**config.to_dict())
     shim.rope_parameters = rope
+    shim.standardize_rope_params = lambda: None  # copied from the target's already standardized parameters
     return ROPE_INIT_FUNCTIONS[rope_type](shim, None)
 
 

@@ -39,9 +39,8 @@ FAMILIES = {
     "phi3_sliding": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=WINDOW)),  # Phi-3-mini-4k style
     "qwen2_sliding": ("Qwen2Config", "Qwen2ForCausalLM",
                       dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
-    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(  # its default YaRN RoPE, attention sinks
         head_dim=16, sliding_window=WINDOW, layer_types=HYBRID, num_local_experts=4, num_experts_per_tok=2,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
     )),
 }
 SLIDING = ["mistral", "gemma2", "gemma3", "phi3_sliding", "qwen2_sliding", "gpt_oss"]
@@ -168,3 +167,14 @@ def test_engine_serves_sliding_targets_like_plain_generate(name):
         engine.step()
     for rid, prompt, reference in zip(rids, prompts, references):
         assert engine.result(rid).generated == reference[prompt.numel() :].tolist()
+
+
+def test_drafter_rope_matches_a_yarn_target():
+    """The drafter copies the target's RoPE; YaRN (gpt-oss's default) used to fail building the tables."""
+    target = make_family("gpt_oss")
+    assert target.config.rope_parameters["rope_type"] == "yarn"
+    positions = torch.arange(40)[None]
+    cos_drafter, sin_drafter = make_drafter(target).rotary(positions, torch.float32)
+    cos_target, sin_target = target.model.rotary_emb(torch.zeros(1, 40, 64), positions)  # half width (gpt-oss)
+    torch.testing.assert_close(cos_drafter, torch.cat([cos_target, cos_target], dim=-1))
+    torch.testing.assert_close(sin_drafter, torch.cat([sin_target, sin_target], dim=-1))
