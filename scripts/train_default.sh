@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Reproduce the default drafters for the embedded SmolLM2-135M-Instruct target (issue 5, item 7).
+# Reproduce the default drafters for the embedded SmolLM2-135M-Instruct target.
 #
-#   scripts/train_default.sh                 # both drafters, CPU, 1 thread per process
+#   scripts/train_default.sh                 # v1 recipe: both drafters from scratch, CPU, 1 thread per process
+#   RECIPE=v2 scripts/train_default.sh       # v2 recipe: warm start from the shipped drafters, dense anchors, bf16
+#                                            # autocast, 8,192-token draft vocabulary, both data files (shipped v2)
 #   STEPS=4000 THREADS=2 scripts/train_default.sh dspark
 #   NPROC=2 scripts/train_default.sh         # 2 data-parallel CPU processes via accelerate (gloo)
 #
 # Every stage resumes: prepare-data skips finished shards, training resumes from the newest checkpoint in its
 # output folder (--resume_from_checkpoint auto). The DSpark drafter (Markov head) and the DFlash-style baseline
-# (head none, no Markov embedding in the confidence head) share data, layers, steps and seed.
+# (head none, no Markov embedding in the confidence head) share data, layers, steps and seed. Run the two
+# processes side by side with 1 thread each on a 2-core machine.
 set -euo pipefail
 
 WHICH="${1:-all}"                       # all | data | dspark | baseline
@@ -45,8 +48,23 @@ launch() {
   fi
 }
 
+train_v2() {  # name (the shipped folder to warm-start from)
+  local name="$1"
+  launch --data "$DATA" --output_dir "$OUT/$name-v2" --resume_from_checkpoint auto \
+    --init_drafter "src/hf_dspark/resources/drafters/$name" --target_dtype bfloat16 --bf16 True --use_cpu True \
+    --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps 400 \
+    --learning_rate 3e-4 --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \
+    --validation_fraction 0.004 --eval_strategy steps --eval_steps 50 --per_device_eval_batch_size 4 \
+    --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \
+    --train_sampling_strategy group_by_length --num_threads "$THREADS" --report_to none --seed "$SEED"
+}
+
 train_one() {  # name, extra flags...
   local name="$1"; shift
+  if [[ "${RECIPE:-v1}" == "v2" ]]; then
+    train_v2 "$name"
+    return
+  fi
   launch --data "$DATA" --output_dir "$OUT/$name" --resume_from_checkpoint auto \
     --num_hidden_layers "$LAYERS" --block_size 7 --markov_rank "$MARKOV_RANK" --mask_token_id "$MASK_TOKEN" \
     --max_steps "$STEPS" --stop_after_steps "$STOP_AT" --per_device_train_batch_size "$BATCH" \
