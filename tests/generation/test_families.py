@@ -178,3 +178,18 @@ def test_drafter_rope_matches_a_yarn_target():
     cos_target, sin_target = target.model.rotary_emb(torch.zeros(1, 40, 64), positions)  # half width (gpt-oss)
     torch.testing.assert_close(cos_drafter, torch.cat([cos_target, cos_target], dim=-1))
     torch.testing.assert_close(sin_drafter, torch.cat([sin_target, sin_target], dim=-1))
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 128},  # Llama 3.x
+    {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
+    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+])
+def test_drafter_rope_matches_scaled_rope_targets(rope):
+    target = make_family("llama", rope_parameters=rope)
+    positions = torch.arange(40)[None]
+    cos_drafter, sin_drafter = make_drafter(target).rotary(positions, torch.float32)
+    cos_target, sin_target = target.model.rotary_emb(torch.zeros(1, 40, 64), positions)
+    torch.testing.assert_close(cos_drafter, cos_target)
+    torch.testing.assert_close(sin_drafter, sin_target)
