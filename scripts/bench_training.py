@@ -8,11 +8,12 @@ reported figure is the median over rounds of (positions/s of the variant) / (pos
     OMP_NUM_THREADS=2 python scripts/bench_training.py --threads 2 --rounds 3 \\
         --out benchmarks/results/bench_training.json
 
-Variants (name: target dtype / autocast, anchors per sequence, batch, draft vocabulary):
-    old          fp32 / none,  16 anchors, batch 4, full vocabulary   (the pipeline that trained v1 drafters)
-    dense        fp32 / none,  all anchors, batch 4, full vocabulary
-    dense_bf16   bf16 / bf16,  all anchors, batch 4, full vocabulary
-    dense_bf16_dv{K}  as dense_bf16 with a K-token draft vocabulary
+Variants (name: target dtype / autocast, anchors per sequence, attention, draft vocabulary; batch 4 for all):
+    old                     fp32 / none, 16 anchors, dense attention, full vocabulary (the v1 pipeline)
+    dense                   fp32 / none, all anchors, dense attention, full vocabulary
+    dense_sparse            fp32 / none, all anchors, block-sparse attention, full vocabulary
+    dense_sparse_bf16       bf16 / bf16, all anchors, block-sparse attention, full vocabulary
+    dense_sparse_bf16_dv{K} as dense_sparse_bf16 with a K-token draft vocabulary
 """
 
 from __future__ import annotations
@@ -40,12 +41,14 @@ DRAFTER = {"num_hidden_layers": 2, "block_size": 7, "markov_rank": 64, "mask_tok
 
 def variants(vocab_sizes: list[int]) -> dict[str, dict]:
     out = {
-        "old": {"bf16": False, "anchors": 16, "draft_vocab": None},
-        "dense": {"bf16": False, "anchors": 512, "draft_vocab": None},
-        "dense_bf16": {"bf16": True, "anchors": 512, "draft_vocab": None},
+        "old": {"bf16": False, "anchors": 16, "draft_vocab": None, "sparse": False},
+        "dense": {"bf16": False, "anchors": 512, "draft_vocab": None, "sparse": False},
+        "dense_sparse": {"bf16": False, "anchors": 512, "draft_vocab": None, "sparse": True},
+        "dense_sparse_bf16": {"bf16": True, "anchors": 512, "draft_vocab": None, "sparse": True},
     }
     for size in vocab_sizes:
-        out[f"dense_bf16_dv{size // 1024}k"] = {"bf16": True, "anchors": 512, "draft_vocab": size}
+        out[f"dense_sparse_bf16_dv{size // 1024}k"] = {"bf16": True, "anchors": 512, "draft_vocab": size,
+                                                      "sparse": True}
     return out
 
 
@@ -56,7 +59,8 @@ def make_trainer(spec: dict, target, examples, tokenizer, workdir: str) -> DSpar
                                              end_of_turn_ids(tokenizer))
     drafter = build_training_drafter(target, DRAFTER, draft_vocab=vocab)
     args = DSparkTrainingArguments(output_dir=workdir, use_cpu=True, report_to="none", learning_rate=6e-4,
-                                   anchors_per_sequence=spec["anchors"], weight_decay=0.0)
+                                   anchors_per_sequence=spec["anchors"], weight_decay=0.0,
+                                   block_sparse_attention=spec["sparse"])
     trainer = DSparkTrainer(model=drafter, args=args, target=target, pad_token_id=tokenizer.pad_token_id)
     trainer.create_optimizer()
     return trainer

@@ -153,3 +153,22 @@ def test_bind_errors_say_what_is_wrong():
     wider = make_target("llama", hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
     with pytest.raises(ValueError, match="hidden size: the drafter has 64, the target 32"):
         drafter.bind_target(wider)
+
+
+def test_block_sparse_training_attention_equals_the_dense_reference():
+    """Teacher-forced forward: the block-sparse attention gives the dense masked attention's outputs."""
+    from tests.helpers import make_drafter, make_target, tapped_features
+
+    target = make_target("llama", seed=2)
+    drafter = make_drafter(target, block_size=3)
+    ids = torch.randint(1, target.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(2, 12, dtype=torch.bool)
+    mask[1, 9:] = False
+    feats = tapped_features(target, ids, drafter.config.target_layer_ids)
+    anchors = torch.tensor([[0, 3, 4, 8, -1], [2, 5, 6, -1, -1]])
+    sparse = drafter(target_hidden=feats, input_ids=ids, anchor_positions=anchors, context_mask=mask)
+    dense = drafter(target_hidden=feats, input_ids=ids, anchor_positions=anchors, context_mask=mask,
+                    block_sparse=False)
+    used = anchors >= 0
+    torch.testing.assert_close(sparse.logits[used], dense.logits[used], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(sparse.confidence_logits[used], dense.confidence_logits[used], rtol=1e-4, atol=1e-4)

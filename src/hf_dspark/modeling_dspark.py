@@ -373,6 +373,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         anchor_positions: torch.Tensor,
         context_mask: torch.Tensor | None = None,
         return_logits: bool = True,
+        block_sparse: bool = True,
         **kwargs: Any,
     ) -> DSparkDrafterOutput:
         """Teacher-forced forward over many anchor blocks per sequence.
@@ -380,7 +381,9 @@ class DSparkDrafter(DSparkPreTrainedModel):
         target_hidden: `[S, L, n_taps·d]`; input_ids: `[S, L]`; anchor_positions: `[S, N]` (−1 marks an unused
         block slot); context_mask: bool `[S, L]` of real tokens. Block n of sequence s sees the context tokens
         before its anchor and its own γ slots, nothing else. The sequential head's bias at slot k uses the gold
-        previous token input_ids[a + k − 1] (the anchor for k = 1).
+        previous token input_ids[a + k − 1] (the anchor for k = 1). `block_sparse` (default) computes that
+        attention block by block (N·slots × (L + slots) scores); False runs the equivalent dense masked attention
+        over [context ‖ all blocks] (N·slots × (L + N·slots) scores), kept as the reference.
         """
         seqs, length = input_ids.shape
         gamma, n_blocks = self.config.block_size, anchor_positions.shape[1]
@@ -402,8 +405,14 @@ class DSparkDrafter(DSparkPreTrainedModel):
         sees_ctx = torch.arange(length, device=device)[None, None, :] < anchors.view(seqs, n_blocks, 1)
         if context_mask is not None:
             sees_ctx = sees_ctx & context_mask[:, None, :].bool()
-        sees_ctx = sees_ctx & used[..., None]  # [S, N, L]; each block also sees its own slots (block-sparse)
-        out = self._run_layers(hidden, slot_pos.flatten(1), lambda i: ctx_kv[i], sees_ctx, block_slots=slots)
+        sees_ctx = sees_ctx & used[..., None]  # [S, N, L]; each block also sees its own slots
+        if block_sparse:
+            out = self._run_layers(hidden, slot_pos.flatten(1), lambda i: ctx_kv[i], sees_ctx, block_slots=slots)
+        else:  # the same attention as one dense masked SDPA over [context ‖ all blocks] (reference, benchmarks)
+            block_id = torch.arange(n_blocks, device=device).repeat_interleave(slots)
+            sees_block = (block_id[:, None] == block_id[None, :])[None].expand(seqs, -1, -1)
+            mask = torch.cat([sees_ctx.repeat_interleave(slots, dim=1), sees_block], dim=-1)
+            out = self._run_layers(hidden, slot_pos.flatten(1), lambda i: ctx_kv[i], mask)
         out = out.view(seqs, n_blocks, slots, -1)[:, :, first : first + gamma]
 
         head = self.markov_head

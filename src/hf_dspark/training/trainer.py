@@ -44,6 +44,8 @@ class DSparkTrainingArguments(TrainingArguments):
         feature_mode: `"online"` (the target runs in-process, default) or `"offline"` (safetensors cache).
         feature_cache_dir: folder of the offline cache (required with `feature_mode="offline"`).
         remove_unused_columns: defaults to False here: the batch keys are not the drafter's forward arguments.
+        block_sparse_attention: compute the drafter's attention block by block (default); False uses the dense
+            masked reference (same result, for benchmarks).
         stop_after_steps: end training (with a checkpoint) after this many optimizer steps while the learning-rate
             schedule keeps following `max_steps`: a budget cut that stays comparable across runs and resumes.
         overwrite_output_dir: train into an `output_dir` that already holds a trained model or checkpoints (its
@@ -57,6 +59,10 @@ class DSparkTrainingArguments(TrainingArguments):
     feature_mode: str = field(default="online", metadata={"help": "Target features: 'online' or 'offline'."})
     feature_cache_dir: str | None = field(default=None, metadata={"help": "Offline feature cache folder."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep False for DSpark batches."})
+    block_sparse_attention: bool = field(
+        default=True,
+        metadata={"help": "Block-sparse drafter attention over anchor blocks (False: the dense reference, slower)."},
+    )
     stop_after_steps: int | None = field(
         default=None, metadata={"help": "Stop (and save) after this many steps; the LR schedule follows max_steps."}
     )
@@ -175,6 +181,7 @@ class DSparkTrainer(Trainer):
             input_ids=inputs["input_ids"],
             anchor_positions=inputs["anchor_positions"],
             context_mask=inputs["attention_mask"].bool(),
+            block_sparse=self.args.block_sparse_attention,
         )
         drafter = unwrap_drafter(model)
         draft_ids = drafter.draft_token_ids()
