@@ -65,8 +65,8 @@ class DSparkCollator:
 
     Each example is a mapping with `input_ids` and `loss_mask` (sequences of ints) and optionally `sample_index`.
     Returns `input_ids` `[S, L]`, `attention_mask` `[S, L]` (long; the drafter's `context_mask`),
-    `anchor_positions` `[S, n]` (n ≤ N, −1 unused), `labels` `[S, n, γ]`, `target_positions` `[S, n, γ]` (a+k: where the
-    target's final hidden state predicts label k) and `sample_index` `[S]` when given.
+    `anchor_positions` `[S, n]` (n ≤ N; −1 unused), `labels` `[S, n, γ]`, `target_positions` `[S, n, γ]` (a+k: where
+    the target's final hidden state predicts label k) and `sample_index` `[S]` when given.
     """
 
     block_size: int
