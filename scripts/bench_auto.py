@@ -42,12 +42,13 @@ def _drafters(target, args, prompts) -> dict:
         load_default_drafter(target)
     torch.manual_seed(0)
     drafters = {"shipped": trained, "untrained": DSparkDrafter(trained.config).eval().bind_target(target)}
-    total = max(args.requests, *args.concurrency)
-    references = [target.generate(p[None], do_sample=False, max_new_tokens=args.max_new_tokens,
-                                  min_new_tokens=args.max_new_tokens)[0] for p in prompts]
-    oracle = oracle_for(target, trained.config.block_size, references[0][None], torch.ones(1, 1))
-    oracle.reference = [references[i % len(references)] for i in range(total)]
-    drafters["oracle"] = oracle
+    if "oracle" in args.drafters:
+        total = max(args.requests, *args.concurrency)
+        references = [target.generate(p[None], do_sample=False, max_new_tokens=args.max_new_tokens,
+                                      min_new_tokens=args.max_new_tokens)[0] for p in prompts]
+        oracle = oracle_for(target, trained.config.block_size, references[0][None], torch.ones(1, 1))
+        oracle.reference = [references[i % len(references)] for i in range(total)]
+        drafters["oracle"] = oracle
     return {name: drafters[name] for name in args.drafters}
 
 
