@@ -40,3 +40,14 @@ def test_memory_is_kept_per_drafter_across_calls():
     AcceptanceTracker(4, memory).observe([0], torch.tensor([4]), torch.tensor([4]))
     assert memory_for(drafter, 4) is memory and memory.observed
     assert not memory_for(drafter, 5).observed  # another γ: a fresh memory
+
+
+def test_positions_never_reached_inherit_the_rate_before_them():
+    """Good drafts verified at ℓ = 2 leave positions 3.. censored: they take position 2's rate, not the prior."""
+    tracker = AcceptanceTracker(block_size=5, memory=AcceptanceMemory.empty(5), prior=0.5)
+    for _ in range(4):
+        tracker.observe(["a"], torch.tensor([2]), torch.tensor([2]))
+    pooled = tracker.pooled()
+    assert pooled[1] > 0.85 and torch.allclose(pooled[2:], pooled[1].expand(3))
+    tracker.observe(["b"], torch.tensor([5]), torch.tensor([0]))  # a rejection at position 1 lowers only q_1 (and
+    assert tracker.pooled()[0] < pooled[0]  # what inherits from it), observed evidence elsewhere stays

@@ -4,7 +4,8 @@ Per request r and draft position j the tracker keeps decayed counts of the condi
 q_{r,j} = P(x_j accepted | x_<j accepted): a round that verified ℓ drafts and accepted m observes positions
 1..min(m + 1, ℓ) (accepted for j ≤ m, rejected at m + 1); later positions are censored and keep their counts.
 The estimated prefix survival is â_{r,j} = ∏_{i≤j} q̂_{r,i} with q̂ = (succ + w·q_pool) / (trials + w), where the
-pooled q_pool over all requests (and over earlier `generate` calls with the same drafter, `AcceptanceMemory`)
+pooled q_pool over all requests (and over earlier `generate` calls with the same drafter, `AcceptanceMemory`;
+each position's pool estimate shrinks towards the one before it)
 is the prior of a request that has not been observed yet.
 """
 
@@ -89,9 +90,15 @@ class AcceptanceTracker:
         return row in self._slots
 
     def pooled(self) -> torch.Tensor:
-        """q_pool `[γ]`: the pooled conditional acceptance (the prior before any observation)."""
-        memory = self.memory
-        return (memory.successes + self.prior * self.prior_weight) / (memory.trials + self.prior_weight)
+        """q_pool `[γ]`: the pooled conditional acceptance, each position's prior being the estimate of the position
+        before it (`prior` for the first): a position never reached (censored after fully accepted prefixes)
+        inherits its predecessor's rate instead of falling back to `prior`, so good drafts earn long ℓ quickly."""
+        memory, weight = self.memory, self.prior_weight
+        rates, previous = [], torch.tensor(self.prior, dtype=torch.float64)
+        for j in range(self.block_size):
+            previous = (memory.successes[j] + weight * previous) / (memory.trials[j] + weight)
+            rates.append(previous)
+        return torch.stack(rates)
 
     def _slot_index(self, rows: list[Any], create: bool) -> torch.Tensor:
         if create:
