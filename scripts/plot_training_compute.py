@@ -2,7 +2,8 @@
 one or more training runs, against CPU-hours, all drafters on one plot.
 
 Compute per run: the `cpu_hours` the trainer logs (process CPU time, all threads, cumulative across resumes); for runs
-logged before that field existed, wall-clock seconds read from the run's tqdm log × the run's thread count.
+logged before that field existed, process CPU time sampled from /proc while they ran (`--cpu-samples`), else
+wall-clock seconds read from the run's tqdm log × the run's thread count.
 `--start-hours` adds compute spent before the run (a warm start from a drafter trained for that long).
 
     python scripts/plot_training_compute.py --run dspark=runs/dspark:runs/dspark.log \\
@@ -12,51 +13,89 @@ logged before that field existed, wall-clock seconds read from the run's tqdm lo
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 from pathlib import Path
 
 from hf_dspark.io_utils import write_json_atomic
 
-TQDM = re.compile(r"\|\s*(\d+)/\d+ \[(?:(\d+):)?(\d+):(\d+)<")
+TQDM = re.compile(r"\|\s*(\d+)/(\d+) \[(?:(\d+):)?(\d+):(\d+)<")
 
 
-def log_history(run_dir: Path) -> list[dict]:
-    """The newest trainer_state.json's log history (the run folder's own, else its newest checkpoint's)."""
+def trainer_state(run_dir: Path) -> dict:
+    """The newest trainer_state.json (the run folder's own, else its newest checkpoint's)."""
     states = [run_dir / "trainer_state.json", *sorted(run_dir.glob("checkpoint-*/trainer_state.json"),
                                                      key=lambda p: int(p.parent.name.split("-")[-1]))]
     states = [p for p in states if p.is_file()]
     if not states:
         raise FileNotFoundError(f"no trainer_state.json in {run_dir} or its checkpoints")
     newest = max(states, key=lambda p: json.loads(p.read_text())["global_step"])
-    return json.loads(newest.read_text())["log_history"]
+    return json.loads(newest.read_text())
 
 
-def wall_seconds_by_step(log_file: Path) -> dict[int, float]:
-    """step -> elapsed seconds, from tqdm progress lines (`| 45/400 [19:42<...`)."""
-    seconds = {}
-    for match in TQDM.finditer(log_file.read_text(errors="replace").replace("\r", "\n")):
-        step, hours, minutes, secs = match.groups()
-        seconds[int(step)] = 3600 * int(hours or 0) + 60 * int(minutes) + int(secs)
-    return seconds
+def wall_seconds_by_step(log_file: Path, max_steps: int) -> dict[int, float]:
+    """step -> elapsed seconds, from the training bar's tqdm lines (`| 45/400 [19:42<...`, the bar whose total is
+    `max_steps`; tokenising and evaluation bars are skipped)."""
+    matches = [m.groups() for m in TQDM.finditer(log_file.read_text(errors="replace").replace("\r", "\n"))]
+    return {int(step): 3600 * int(hours or 0) + 60 * int(minutes) + int(secs)
+            for step, total, hours, minutes, secs in matches if int(total) == max_steps}
 
 
-def curve(history: list[dict], wall: dict[int, float], threads: int, start_hours: float) -> list[dict]:
+def cpu_seconds_at(samples: list[tuple[float, float]], when: float) -> float:
+    """Process CPU seconds at unix time `when`, linear between (time, cpu) samples (sorted, ≥ 2)."""
+    for (t0, c0), (t1, c1) in itertools.pairwise(samples):
+        if when <= t1:
+            return c0 + (c1 - c0) * max(0.0, when - t0) / max(1e-9, t1 - t0)
+    return samples[-1][1]
+
+
+def read_cpu_samples(path: Path, name: str, started: float) -> list[tuple[float, float]]:
+    """`unix_time run cpu_seconds` lines of one run (from a sampler of /proc/PID/stat), with (start, 0) first."""
+    rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
+    return [(started, 0.0), *sorted((float(t), float(c)) for t, run, c in rows if run == name)]
+
+
+def curve(history: list[dict], wall: dict[int, float], threads: int, start_hours: float,
+          cpu: list[tuple[float, float]] | None = None, log_mtime: float | None = None) -> list[dict]:
+    """Evaluation points: `cpu_hours` logged by the trainer; else process CPU time sampled while the run went
+    (step -> unix time through the tqdm clock, anchored at the log file's last write); else wall × threads."""
     points = []
+    last_elapsed = wall[max(wall)] if wall else None
     for entry in history:
         if "eval_tau_est" not in entry:
             continue
         step = int(entry["step"])
+        known = [s for s in wall if s <= step]
         if "cpu_hours" in entry:
             hours = float(entry["cpu_hours"])
+        elif not known:
+            continue
+        elif cpu and log_mtime is not None:
+            when = log_mtime - (last_elapsed - wall[max(known)])
+            hours = cpu_seconds_at(cpu, when) / 3600.0
         else:
-            known = [s for s in wall if s <= step]
-            if not known:
-                continue
             hours = wall[max(known)] * threads / 3600.0
         points.append({"step": step, "cpu_hours": round(start_hours + hours, 4), "tau": entry["eval_tau_est"],
                        "acc_rate_k1": entry.get("eval_acc_rate_k1")})
     return points
+
+
+def position_table(history: list[dict], eval_report: dict | None, name: str, gamma: int = 7) -> dict:
+    """Per-position acceptance three ways, side by side: training batches (mean of the last 5 logs), the validation
+    split (last evaluation) and `hf-dspark eval` at T = 1 (P(k accepted | < k accepted), all sets). The first two
+    are c*_k with gold previous tokens, the third the realised conditional acceptance: they should agree."""
+    train = [e for e in history if "acc_rate_k1" in e and "eval_tau_est" not in e][-5:]
+    val = [e for e in history if "eval_acc_rate_k1" in e][-1:]
+    row = {
+        "train": [round(sum(e[f"acc_rate_k{k}"] for e in train) / max(1, len(train)), 4) for k in range(1, gamma + 1)],
+        "validation": [round(val[0][f"eval_acc_rate_k{k}"], 4) for k in range(1, gamma + 1)] if val else None,
+        "eval": None,
+    }
+    if eval_report is not None and name in eval_report.get("position_acceptance", {}):
+        row["eval"] = [round(p, 4) for p in eval_report["position_acceptance"][name]["all"]["p"]]
+        row["eval_reached"] = eval_report["position_acceptance"][name]["all"]["reached"]
+    return row
 
 
 def main() -> None:
@@ -67,21 +106,36 @@ def main() -> None:
     parser.add_argument("--start-hours", type=float, default=0.0, help="Compute before the run (warm start).")
     parser.add_argument("--baseline", action="append", default=[],
                         help="NAME=HOURS:TAU, a point measured before (e.g. the warm-start drafters), repeatable.")
+    parser.add_argument("--cpu-samples", default=None,
+                        help="file of `unix_time run cpu_seconds` lines sampled during runs without cpu_hours")
+    parser.add_argument("--started", action="append", default=[],
+                        help="NAME=UNIX_TIME the run's process started (CPU 0 there), with --cpu-samples")
+    parser.add_argument("--eval-report", default=None,
+                        help="an `hf-dspark eval` JSON at T = 1: adds its per-position acceptance to the table")
     parser.add_argument("--out", default="benchmarks/results/training_compute.json", help="JSON (PNG beside it).")
     args = parser.parse_args()
-    report = {"threads": args.threads, "start_hours": args.start_hours, "runs": {}, "points_before": {}}
+    eval_report = json.loads(Path(args.eval_report).read_text()) if args.eval_report else None
+    report = {"threads": args.threads, "start_hours": args.start_hours, "runs": {}, "points_before": {},
+              "position_acceptance": {}}
     for spec in args.run:
         name, _, rest = spec.partition("=")
         run_dir, _, log = rest.partition(":")
-        wall = wall_seconds_by_step(Path(log)) if log else {}
-        report["runs"][name] = curve(log_history(Path(run_dir)), wall, args.threads, args.start_hours)
+        state = trainer_state(Path(run_dir))
+        wall = wall_seconds_by_step(Path(log), int(state["max_steps"])) if log else {}
+        started = dict(item.split("=") for item in args.started)
+        cpu = (read_cpu_samples(Path(args.cpu_samples), name, float(started[name]))
+               if args.cpu_samples and name in started else None)
+        history = state["log_history"]
+        mtime = Path(log).stat().st_mtime if log else None
+        report["runs"][name] = curve(history, wall, args.threads, args.start_hours, cpu, mtime)
+        report["position_acceptance"][name] = position_table(history, eval_report, name)
     for spec in args.baseline:
         name, _, rest = spec.partition("=")
         hours, _, tau = rest.partition(":")
         report["points_before"][name] = {"cpu_hours": float(hours), "tau": float(tau)}
     write_json_atomic(Path(args.out), report, indent=1)
     plot(report, Path(args.out).with_suffix(".png"))
-    print(json.dumps(report["runs"], indent=1))
+    print(json.dumps({"runs": report["runs"], "position_acceptance": report["position_acceptance"]}, indent=1))
 
 
 def plot(report: dict, path: Path) -> None:
