@@ -52,13 +52,16 @@ def time_policy(name: str, survival: torch.Tensor, curve: StepCurve, capacity: t
     }
 
 
-def time_auto(rows: int, gamma: int, curve: StepCurve, repeats: int, seed: int) -> dict:
-    """One round of the "auto" policy's own work: plan (draft or decode), ℓ from the proposal, observe."""
+def time_auto(rows: int, gamma: int, curve: StepCurve, repeats: int, seed: int, draft_ms: float = 30.0) -> dict:
+    """One round of the "auto" policy's own work: plan (draft or decode), ℓ from the proposal, observe.
+
+    draft_ms: the drafter's cost per proposal; 0 makes every round draft, a huge cost every round decode plainly.
+    """
     from hf_dspark.generation.policy import VerificationPolicy
     from hf_dspark.modeling_dspark import DSparkProposal
 
     gen = torch.Generator().manual_seed(seed)
-    draft_curve = StepCurve([1, 64], [1.0 / 0.03, 1.0 / 0.3])
+    draft_curve = StepCurve([1, 64], [1e3 / max(draft_ms, 1e-6), 1e3 / max(draft_ms, 1e-6)])
     policy = VerificationPolicy("auto", block_size=gamma, step_curve=curve, draft_curve=draft_curve)
     ids, cap = list(range(rows)), torch.full((rows,), 100)
     confidence = 0.5 + 0.5 * torch.rand(rows, gamma, generator=gen)
@@ -101,11 +104,12 @@ def main() -> None:
             f"{stats['percent_of_round']:.3f}% of a {args.round_ms:.0f} ms verification forward"
         )
     for rows in (1, args.rows):
-        stats = time_auto(rows, args.block_size, curve, max(args.repeats // 4, 50), args.seed)
-        stats["percent_of_round"] = 100.0 * stats["median_ms"] / args.round_ms
-        results[f"auto_R{rows}"] = stats
-        print(f"auto R={rows:>3}: median {stats['median_ms']:.3f} ms = {stats['percent_of_round']:.3f}% of a "
-              f"{args.round_ms:.0f} ms verification forward")
+        for path, draft_ms in (("drafting", 0.0), ("skipping", 1e6)):
+            stats = time_auto(rows, args.block_size, curve, max(args.repeats // 4, 50), args.seed, draft_ms)
+            stats["percent_of_round"] = 100.0 * stats["median_ms"] / args.round_ms
+            results[f"auto_{path}_R{rows}"] = stats
+            print(f"auto {path} R={rows:>3}: median {stats['median_ms']:.3f} ms = {stats['percent_of_round']:.3f}% "
+                  f"of a {args.round_ms:.0f} ms verification forward")
     payload = {
         "rows": args.rows,
         "block_size": args.block_size,

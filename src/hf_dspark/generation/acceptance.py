@@ -80,6 +80,8 @@ class AcceptanceTracker:
     pool_decay: float = 0.95
     _slots: dict[Any, int] = field(default_factory=dict, repr=False)
     _counts: torch.Tensor | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials
+    version: int = field(default=0, repr=False)  # bumped by every observation (cached decisions key on it)
+    _pooled: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0 or self.prior_weight <= 0 or not 0.0 < self.prior < 1.0:
@@ -93,12 +95,14 @@ class AcceptanceTracker:
         """q_pool `[γ]`: the pooled conditional acceptance, each position's prior being the estimate of the position
         before it (`prior` for the first): a position never reached (censored after fully accepted prefixes)
         inherits its predecessor's rate instead of falling back to `prior`, so good drafts earn long ℓ quickly."""
-        memory, weight = self.memory, self.prior_weight
-        rates, previous = [], torch.tensor(self.prior, dtype=torch.float64)
-        for j in range(self.block_size):
-            previous = (memory.successes[j] + weight * previous) / (memory.trials[j] + weight)
+        if self._pooled is not None and self._pooled[0] == self.version:
+            return self._pooled[1]
+        weight, previous, rates = self.prior_weight, self.prior, []
+        for succ, trials in zip(self.memory.successes.tolist(), self.memory.trials.tolist()):
+            previous = (succ + weight * previous) / (trials + weight)
             rates.append(previous)
-        return torch.stack(rates)
+        self._pooled = (self.version, torch.tensor(rates, dtype=torch.float64))
+        return self._pooled[1]
 
     def _slot_index(self, rows: list[Any], create: bool) -> torch.Tensor:
         if create:
@@ -121,15 +125,17 @@ class AcceptanceTracker:
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
         """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]` (rows with ℓ = 0 skip)."""
         verify_len, accepted = verify_len.cpu().long(), accepted.cpu().long()
+        drafted = (verify_len > 0).nonzero().flatten()
+        if not drafted.numel():
+            return  # a plain-decoding round observes nothing
+        self.version += 1
         seen, kept = observed_positions(verify_len, accepted, self.block_size)
         seen_f, kept_f = seen.to(torch.float64), kept.to(torch.float64)
-        drafted = (verify_len > 0).nonzero().flatten()
-        if drafted.numel():
-            slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
-            decay = torch.where(seen[drafted], self.decay, 1.0).to(torch.float64)
-            counts = self._counts.index_select(0, slots)
-            counts = counts * decay[:, None, :] + torch.stack([kept_f[drafted], seen_f[drafted]], dim=1)
-            self._counts.index_copy_(0, slots, counts)
+        slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
+        decay = torch.where(seen[drafted], self.decay, 1.0).to(torch.float64)
+        counts = self._counts.index_select(0, slots)
+        counts = counts * decay[:, None, :] + torch.stack([kept_f[drafted], seen_f[drafted]], dim=1)
+        self._counts.index_copy_(0, slots, counts)
         pool = torch.where(seen.any(dim=0), self.pool_decay, 1.0).to(torch.float64)
         self.memory.successes = self.memory.successes * pool + kept_f.sum(dim=0)
         self.memory.trials = self.memory.trials * pool + seen_f.sum(dim=0)
@@ -140,3 +146,4 @@ class AcceptanceTracker:
             slot = self._slots.pop(row, None)
             if slot is not None:
                 self._counts[slot] = 0.0
+                self.version += 1

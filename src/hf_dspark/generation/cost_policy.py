@@ -70,6 +70,7 @@ class CostAwarePlanner:
     optimistic: float = 0.95
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _last: tuple[Any, tuple[torch.Tensor, int]] | None = field(default=None, repr=False)
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
         """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
@@ -89,9 +90,8 @@ class CostAwarePlanner:
         """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify."""
         count, gamma = len(rows), self.tracker.block_size
         cap = cap.detach().cpu().clamp(0, gamma)
-        survival = self.tracker.survival(rows)
         costs = self.verify_seconds(count), self.draft_seconds(count)
-        chosen, length = draft_or_decode(self._expected(survival, cap), *costs)
+        chosen, length = self._decide(rows, cap, costs)
         memory = self.tracker.memory
         if length > 0:
             memory.rounds_since_probe = 0
@@ -107,6 +107,16 @@ class CostAwarePlanner:
         memory.rounds_since_probe = 0
         memory.probe_interval = self._interval(count, int(chosen.sum()), length)
         return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count)
+
+    def _decide(self, rows: list[Any], cap: torch.Tensor, costs) -> tuple[torch.Tensor, int]:
+        """`draft_or_decode` on the lagged estimates, reused while rows, caps and observations are unchanged
+        (a run of plain-decoding rounds observes nothing, so its decision is computed once)."""
+        key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, self.tracker.memory.trials.sum().item())
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        decision = draft_or_decode(self._expected(self.tracker.survival(rows), cap), *costs)
+        self._last = (key, decision)
+        return decision
 
     @staticmethod
     def _expected(survival: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
