@@ -104,6 +104,8 @@ def main() -> None:
                         help="NAME=RUN_DIR[:TQDM_LOG], repeatable (the log is needed for runs without cpu_hours).")
     parser.add_argument("--threads", type=int, default=1, help="Threads per run (for the wall-clock fallback).")
     parser.add_argument("--start-hours", type=float, default=0.0, help="Compute before the run (warm start).")
+    parser.add_argument("--start", action="append", default=[],
+                        help="NAME=HOURS: compute before that run (overrides --start-hours for it), repeatable")
     parser.add_argument("--baseline", action="append", default=[],
                         help="NAME=HOURS:TAU, a point measured before (e.g. the warm-start drafters), repeatable.")
     parser.add_argument("--cpu-samples", default=None,
@@ -127,7 +129,8 @@ def main() -> None:
                if args.cpu_samples and name in started else None)
         history = state["log_history"]
         mtime = Path(log).stat().st_mtime if log else None
-        report["runs"][name] = curve(history, wall, args.threads, args.start_hours, cpu, mtime)
+        starts = {key: float(value) for key, value in (item.split("=") for item in args.start)}
+        report["runs"][name] = curve(history, wall, args.threads, starts.get(name, args.start_hours), cpu, mtime)
         report["position_acceptance"][name] = position_table(history, eval_report, name)
     for spec in args.baseline:
         name, _, rest = spec.partition("=")
