@@ -3,7 +3,8 @@ R rows, interleaved in every sweep (so load on a shared machine hits both dtypes
 the batch-1 ratios that decide whether speculation pays (8-token verification / 1-token step, break-even τ).
 
     python scripts/compare_dtype_costs.py --threads 1 --sweeps 4 --out benchmarks/results/dtype_costs.json
-    python scripts/compare_dtype_costs.py --ship-from benchmarks/results/dtype_costs.json [--overwrite]
+    python scripts/compare_dtype_costs.py --ship-from benchmarks/results/dtype_costs.json [--overwrite] \
+        [--overwrite-step-curves]
 
 `--ship-from` turns a report into the curves shipped in `src/hf_dspark/resources/step_curves/`: the drafter's
 cost curve per dtype and the target's SPS(B) for the dtypes without a fully profiled shipped curve (`hf-dspark
@@ -49,7 +50,7 @@ def _monotone(steps_per_second: list[float]) -> list[float]:
     return out
 
 
-def ship(report_path: str, overwrite: bool) -> None:
+def ship(report_path: str, overwrite: bool, overwrite_step_curves: bool = False) -> None:
     """Write the report's medians as shipped `StepCurve`s (target SPS(B) unless one ships; drafter per dtype)."""
     from hf_dspark.profiling import DEFAULT_DRAFT_ROWS, draft_curve_path, shipped_step_curve_path
     from hf_dspark.step_curve import StepCurve
@@ -66,7 +67,7 @@ def ship(report_path: str, overwrite: bool) -> None:
                 points[kind][x] = 1e3 / value
         meta = dict(device="cpu", dtype=dtype, threads=threads, created=report["created"])
         step_path = shipped_step_curve_path(DEFAULT_TARGET, "cpu", dtype, threads)
-        if not step_path.exists() or overwrite:
+        if not step_path.exists() or overwrite_step_curves:
             xs = sorted(points["verify"])
             StepCurve(xs, _monotone([points["verify"][x] for x in xs]), model=DEFAULT_TARGET, **meta).save(step_path)
         draft_path = draft_curve_path(architecture, "cpu", dtype, threads, shipped=True)
@@ -84,10 +85,12 @@ def main() -> None:
     parser.add_argument("--sweeps", type=int, default=4, help="timed sweeps (one untimed first)")
     parser.add_argument("--out", default="benchmarks/results/dtype_costs.json")
     parser.add_argument("--ship-from", default=None, help="write shipped curves from this report and stop")
-    parser.add_argument("--overwrite", action="store_true")
+    parser.add_argument("--overwrite", action="store_true", help="replace shipped drafter curves")
+    parser.add_argument("--overwrite-step-curves", action="store_true",
+                        help="also replace shipped target SPS(B) curves (kept by default)")
     args = parser.parse_args()
     if args.ship_from:
-        ship(args.ship_from, args.overwrite)
+        ship(args.ship_from, args.overwrite, args.overwrite_step_curves)
         return
     torch.set_num_threads(args.threads)
     models = {}

@@ -34,6 +34,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sample else dict(do_sample=False)
     kwargs = dict(max_new_tokens=args.max_new_tokens, **sampling)
     target.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up
+    target.generate(input_ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)  # and cost curves
     start = time.perf_counter()
     output = target.generate(input_ids, assistant_model=drafter, **kwargs)
     dspark_seconds = time.perf_counter() - start
