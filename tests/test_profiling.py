@@ -122,3 +122,35 @@ def test_profile_cli(llama_target, tmp_path):
     assert code == 0 and plot.stat().st_size > 0
     payload = json.loads(out.read_text())
     assert payload["batch_tokens"] == [1, 4] and payload["threads"] == 1
+
+
+def test_draft_curve_profiled_cached_and_shared_by_architecture(llama_target, cache_dir, monkeypatch):
+    from hf_dspark.eval.oracle import oracle_for
+    from hf_dspark.profiling import draft_curve_path, drafter_architecture, load_or_profile_draft_curve
+    from tests.helpers import make_drafter
+
+    drafter = make_drafter(llama_target, block_size=3)
+    first = load_or_profile_draft_curve(drafter, threads=1, progress=False, rows=(1, 2, 4), context=8, repeats=1,
+                                        warmup=0)
+    assert first.batch_tokens == [1, 2, 4] and all(s > 0 for s in first.steps_per_second)
+    path = draft_curve_path(drafter_architecture(drafter), "cpu", "float32", 1)
+    assert path.is_file() and StepCurve.load(path) == first
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("profiled again despite a cached curve")
+
+    monkeypatch.setattr(profiling, "profile_draft_curve", forbidden)
+    other_weights = make_drafter(llama_target, seed=9, block_size=3)  # same shape, other weights: same curve
+    assert load_or_profile_draft_curve(other_weights, threads=1) == first
+    with pytest.raises(AssertionError, match="profiled again"):  # another γ: another architecture
+        load_or_profile_draft_curve(make_drafter(llama_target, block_size=4), threads=1)
+    oracle = oracle_for(llama_target, 3, torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4))
+    assert load_or_profile_draft_curve(oracle) is None  # model-free: free
+
+
+def test_shipped_draft_curves_are_valid():
+    for path in profiling.SHIPPED_STEP_CURVES.glob("draft__*.json"):
+        curve = StepCurve.load(path)
+        assert curve.batch_tokens[0] == 1 and curve.model in path.name
+        costs = [1 / s for s in curve.steps_per_second]
+        assert costs == sorted(costs), path.name  # shipped costs never fall with more rows
