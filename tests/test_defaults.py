@@ -85,12 +85,16 @@ def test_shipped_drafters_are_bf16_calibrated_and_lossless(smollm2, variant, hea
 
     folder = defaults.default_drafter_dir(variant)
     with safe_open(folder / "model.safetensors", "pt") as weights:
-        assert {weights.get_slice(name).get_dtype() for name in weights.keys()} == {"BF16"}  # noqa: SIM118
+        dtypes = {name: weights.get_slice(name).get_dtype() for name in weights.keys()}  # noqa: SIM118
+    # floating weights in bf16; the draft vocabulary's maps stay integer / bool
+    assert {dtype for name, dtype in dtypes.items() if name not in ("d2t", "t2d")} == {"BF16"}
+    assert dtypes.get("d2t") == "I64" and dtypes.get("t2d") == "BOOL"
     assert "## Reproduce" in (folder / "README.md").read_text()
     model, tokenizer = smollm2
     drafter = defaults.load_default_drafter(model, variant=variant)
     config = drafter.config
     assert config.head_type == head and config.block_size == 7 and config.num_hidden_layers == 2
+    assert config.draft_vocab_size == 8192 and drafter.draft_token_ids().numel() == 8192
     assert len(config.calibration_temperatures) == len(config.calibration_temperatures_greedy) == 7
     ids = chat_input_ids(tokenizer, ["What is 12 + 30? Answer briefly."])
     plain = model.generate(ids, do_sample=False, max_new_tokens=24)

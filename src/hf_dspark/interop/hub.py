@@ -80,7 +80,9 @@ def _architecture(config) -> str:
         f"- context from target layers {config.target_layer_ids} of {config.num_target_layers} (KV injection)",
         f"- {head}; confidence head: {'yes' if config.use_confidence_head else 'no'}",
         f"- block convention: {convention}, γ = {config.block_size}, mask token id {config.mask_token_id}",
-        "- shares the target's embedding and LM head (not stored here)",
+        "- shares the target's embedding and LM head (not stored here)"
+        + (f"; drafts over a draft vocabulary of {config.draft_vocab_size:,} tokens (`d2t` / `t2d` in the weights)"
+           if getattr(config, "draft_vocab_size", None) else ""),
     ])
 
 
