@@ -6,9 +6,7 @@ import argparse
 import random
 
 from .loaders import (
-    DEVICE_HELP,
-    DTYPE_CHOICES,
-    device_name,
+    add_runtime_arguments,
     load_baseline,
     load_drafter,
     load_target,
@@ -134,10 +132,7 @@ def _add_speed_command(bench) -> None:
     speed.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt and method (median)")
     speed.add_argument("--block-sizes", type=positive_int, nargs="*", default=[4, 8, 16],
                        help="γ of the oracle ceiling runs (none: skip the oracle)")
-    speed.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads, pinned")
-    speed.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
-    speed.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_CHOICES],
-                       help="target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
+    add_runtime_arguments(speed, threads=1)
     speed.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
     speed.add_argument("--baseline", default=None, help="DFlash-style baseline folder (default: the shipped one)")
     speed.add_argument("--scheduler", default="lagged_padded",
@@ -170,10 +165,7 @@ def _add_serve_command(bench) -> None:
     serve.add_argument("--block-size", type=positive_int, default=7, help="γ of the oracle drafter")
     serve.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
     serve.add_argument("--oracle", action="store_true", help="serve with the oracle drafter (ceiling)")
-    serve.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads, pinned")
-    serve.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
-    serve.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_CHOICES],
-                       help="target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
+    add_runtime_arguments(serve, threads=2)
     serve.add_argument("--out", default="benchmarks/results/serve.json", help="JSON report (PNGs go beside it)")
     serve.set_defaults(func=cmd_bench_serve, parser=serve)
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_drafter, load_target, positive_int
+from .loaders import (
+    add_runtime_arguments,
+    load_drafter,
+    load_target,
+    positive_int,
+)
 from .validation import check_drafter_path, check_nonempty
 
 DEMO_PROMPT = (
@@ -69,10 +74,7 @@ def add_demo_command(sub) -> None:
                       help="γ of the untrained fallback drafter (used only when no trained drafter ships)")
     demo.add_argument("--drafter", default=None,
                       help="folder or Hub id of a trained drafter (default: the shipped one)")
-    demo.add_argument("--threads", type=positive_int, default=2, help="torch CPU threads")
-    demo.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
-    demo.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_CHOICES],
-                      help="target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
+    add_runtime_arguments(demo, threads=2)
     demo.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy decoding")
     demo.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain-generate run")
     demo.set_defaults(func=cmd_demo, parser=demo)

@@ -104,6 +104,17 @@ def load_drafter_spec(target, path: str):
     return drafter.eval()
 
 
+def add_runtime_arguments(parser: argparse.ArgumentParser, threads: int, auto_dtype: bool = True) -> None:
+    """`--threads`, `--device` and `--dtype` of a command that loads the target (one definition for all of them)."""
+    parser.add_argument("--threads", type=positive_int, default=threads, help="torch CPU threads, pinned")
+    parser.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
+    if auto_dtype:
+        parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_CHOICES],
+                            help="target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
+    else:
+        parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:

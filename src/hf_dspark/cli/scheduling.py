@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_target, positive_int
+from .loaders import add_runtime_arguments, load_target, positive_int
 from .validation import check_drafter_path, check_files
 
 
@@ -55,9 +55,7 @@ def add_profile_command(sub) -> None:
                              description="Time one verification forward of the target per batch-token count B and "
                              "save the step curve SPS(B) that the load-aware scheduler reads.")
     profile.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
-    profile.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
-    profile.add_argument("--threads", type=positive_int, default=1, help="torch threads pinned while profiling")
-    profile.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
+    add_runtime_arguments(profile, threads=1, auto_dtype=False)
     profile.add_argument("--out", default=None, help="JSON path (default: the user cache that generate reads)")
     profile.add_argument("--plot", default=None, help="also write a PNG plot here")
     profile.add_argument("--batch-tokens", type=positive_int, nargs="+", default=None,
@@ -86,8 +84,6 @@ def add_calibrate_command(sub) -> None:
     calibrate.add_argument("--batch-size", type=positive_int, default=8, help="prompts per generate call")
     calibrate.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of the rollouts")
     calibrate.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
-    calibrate.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
-    calibrate.add_argument("--threads", type=positive_int, default=1, help="torch CPU threads")
-    calibrate.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
+    add_runtime_arguments(calibrate, threads=1, auto_dtype=False)
     calibrate.add_argument("--out", default=None, help="save the calibrated drafter here instead of in place")
     calibrate.set_defaults(func=cmd_calibrate, parser=calibrate)
