@@ -4,6 +4,8 @@
 #   scripts/train_default.sh                 # v1 recipe: both drafters from scratch, CPU, 1 thread per process
 #   RECIPE=v2 scripts/train_default.sh       # v2 recipe: warm start from the shipped drafters, dense anchors, bf16
 #                                            # autocast, 8,192-token draft vocabulary, both data files (shipped v2)
+#   RECIPE=v3 scripts/train_default.sh       # v3: the v2 recipe warm-started from shipped v2, 1,200 steps, peak LR
+#                                            # 5e-4, seed 1 (a new data order, so mostly unseen replies)
 #   STEPS=4000 THREADS=2 scripts/train_default.sh dspark
 #   NPROC=2 scripts/train_default.sh         # 2 data-parallel CPU processes via accelerate (gloo)
 #
@@ -48,20 +50,21 @@ launch() {
   fi
 }
 
-train_v2() {  # name (the shipped folder to warm-start from)
-  local name="$1"
-  launch --data "$DATA" --output_dir "$OUT/$name-v2" --resume_from_checkpoint auto \
+train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3 only changes steps, LR, seed and folder
+  local name="$1" steps=400 lr=3e-4 seed="$SEED" evals=50
+  if [[ "$RECIPE" == "v3" ]]; then steps=1200 lr=5e-4 seed=1 evals=100; fi
+  launch --data "$DATA" --output_dir "$OUT/$name-$RECIPE" --resume_from_checkpoint auto \
     --init_drafter "src/hf_dspark/resources/drafters/$name" --target_dtype bfloat16 --bf16 True --use_cpu True \
-    --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps 400 \
-    --learning_rate 3e-4 --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \
-    --validation_fraction 0.004 --eval_strategy steps --eval_steps 50 --per_device_eval_batch_size 4 \
+    --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps "$steps" \
+    --learning_rate "$lr" --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \
+    --validation_fraction 0.004 --eval_strategy steps --eval_steps "$evals" --per_device_eval_batch_size 4 \
     --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \
-    --train_sampling_strategy group_by_length --num_threads "$THREADS" --report_to none --seed "$SEED"
+    --train_sampling_strategy group_by_length --num_threads "$THREADS" --report_to none --seed "$seed" --validation_seed "$SEED"
 }
 
 train_one() {  # name, extra flags...
   local name="$1"; shift
-  if [[ "${RECIPE:-v1}" == "v2" ]]; then
+  if [[ "${RECIPE:-v1}" == "v2" || "${RECIPE:-v1}" == "v3" ]]; then
     train_v2 "$name"
     return
   fi

@@ -87,15 +87,49 @@ def test_skipped_rounds_still_feed_the_drafter_its_context(target):
         engine.step()
     assert sum(rec.drafted for rec in engine.records) <= 1  # at most the first probe drafted
     batch = engine.batch
+    assert batch.pending, "plain rounds queue their context updates instead of running the drafter"
+    assert batch.draft_cache.lengths.tolist() != batch.target_cache.next_position.tolist()
+    batch.flush(drafter)
+    assert not batch.pending
     assert batch.draft_cache.lengths.tolist() == batch.target_cache.next_position.tolist()
-    history = torch.cat([prompt, torch.tensor(engine.result(rid).generated[:-1])])
+    _assert_row_context(target, drafter, batch.draft_cache, 0, prompt, engine.result(rid).generated)
+
+
+def _assert_row_context(target, drafter, cache, row: int, prompt: torch.Tensor, generated: list[int]) -> None:
+    """Row `row` of the draft cache holds exactly the context a fresh cache built from the history holds."""
+    history = torch.cat([prompt, torch.tensor(generated[:-1], dtype=torch.long)])
     fresh = drafter.init_cache(1)
     drafter.extend_context(fresh, tapped_features(target, history[None], drafter.config.target_layer_ids),
                            torch.ones(1, history.numel(), dtype=torch.bool))
     count = history.numel()
-    assert int(batch.draft_cache.lengths[0]) == count
-    for mine, theirs in zip(batch.draft_cache.keys, fresh.keys):
-        assert torch.allclose(mine[:, :, :count], theirs[:, :, :count], atol=1e-4)
+    assert int(cache.lengths[row]) == count
+    for mine, theirs in zip(cache.keys, fresh.keys):
+        assert torch.allclose(mine[row, :, :count], theirs[0, :, :count], atol=1e-4)
+
+
+def test_queued_context_survives_requests_joining_and_leaving(target):
+    """Requests leave and join while plain rounds' context updates wait; the flushed cache is right per row."""
+    drafter = make_drafter(target, block_size=GAMMA)
+    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]))
+    engine = DSparkEngine(target, drafter, policy=policy, max_running=2)
+    ids, mask = ragged_prompts(4, seed=12)
+    prompts = [ids[r][mask[r].bool()] for r in range(4)]
+    rids = [engine.add_request(p, max_new_tokens=n) for p, n in zip(prompts, [6, 40, 9, 40])]
+    joined_with_queue = False
+    while engine.has_work():
+        before = list(engine.batch.rows) if engine.batch is not None else []
+        queued = engine.batch is not None and bool(engine.batch.pending)
+        engine.step()
+        after = list(engine.batch.rows) if engine.batch is not None else []
+        joined_with_queue |= queued and any(r not in before for r in after)
+        if engine.batch is not None and joined_with_queue and len(after) == 2 and engine.batch.pending:
+            break
+    assert joined_with_queue
+    batch = engine.batch
+    batch.flush(drafter)
+    for a, rid in enumerate(batch.rows):
+        prompt = prompts[rids.index(rid)]
+        _assert_row_context(target, drafter, batch.draft_cache, a, prompt, engine.result(rid).generated)
 
 
 def test_engine_auto_matches_plain_generate_for_joining_requests(target):

@@ -2,8 +2,10 @@
 
 One round for the running rows: plan (which rows draft; the "auto" policy may choose none) → propose → choose
 ℓ_r → one ragged target forward → verify → commit (the caller's per-row callback: stopping criteria, EOS,
-budgets, streaming) → extend the drafter's context with the committed tokens' tapped target features. The
-context is extended on every round, drafted or not, so the drafter is ready whenever drafting resumes.
+budgets, streaming) → extend the drafter's context with the committed tokens' tapped target features. Rounds
+that do not draft only queue their features (`RoundBatch.pending`); the queue reaches the drafter in one
+`extend_context` call before its next proposal (or once `max_pending` slots wait), so a run of plain-decoding
+rounds pays one drafter context update instead of one per round, and the drafter sees the same context.
 Observers (`RoundObserver.on_round`) receive a `RoundRecord` per round; nothing is written onto the drafter.
 """
 
@@ -58,12 +60,16 @@ class RoundObserver(Protocol):
 
 @dataclass
 class RoundBatch:
-    """The running rows' state between rounds: ids, anchors `[A]`, the ragged target cache and the draft cache."""
+    """The running rows' state between rounds: ids, anchors `[A]`, the ragged target cache and the draft cache.
+
+    pending: context updates not yet given to the drafter, in order: (features `[A, n, ·]` or None, valid `[A, n]`).
+    """
 
     rows: list[Any]
     anchor: torch.Tensor
     target_cache: RaggedTargetCache
     draft_cache: Any | None = None
+    pending: list[tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=list)
 
     def keep(self, keep: Sequence[int]) -> None:
         """Keep the active positions `keep` (finished rows leave)."""
@@ -73,14 +79,33 @@ class RoundBatch:
         self.target_cache.select_rows(index)
         if self.draft_cache is not None:
             self.draft_cache = self.draft_cache.select_rows(index)
+        self.pending = [(None if f is None else f.index_select(0, index), v.index_select(0, index))
+                        for f, v in self.pending]
 
     def extend(self, other: RoundBatch) -> None:
-        """Append the rows of `other` (newly admitted requests)."""
+        """Append the rows of `other` (newly admitted requests); queued updates get invalid slots for them."""
+        if other.pending:
+            raise ValueError("a batch with queued context updates cannot join another; flush it first.")
         self.rows += other.rows
         self.anchor = torch.cat([self.anchor, other.anchor])
         self.target_cache.add_rows(other.target_cache)
         if self.draft_cache is not None:
             self.draft_cache = type(self.draft_cache).concat([self.draft_cache, other.draft_cache])
+        added = len(other.rows)
+        self.pending = [(None if f is None else torch.cat([f, f.new_zeros(added, *f.shape[1:])]),
+                         torch.cat([v, v.new_zeros(added, v.shape[1])])) for f, v in self.pending]
+
+    def pending_slots(self) -> int:
+        return sum(int(v.shape[1]) for _, v in self.pending)
+
+    def flush(self, drafter) -> None:
+        """Give the queued context updates to `drafter` in one `extend_context` call (padding is skipped)."""
+        if not self.pending:
+            return
+        features = [f for f, _ in self.pending]
+        merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
+        drafter.extend_context(self.draft_cache, merged, torch.cat([v for _, v in self.pending], dim=1))
+        self.pending = []
 
 
 def _scatter(values: torch.Tensor, index: torch.Tensor | None, rows: int, fill: float | int = 0) -> torch.Tensor:
@@ -101,13 +126,15 @@ class RoundKernel:
         processors: the logits processing both the drafts and the target's scores get (`RowProcessors`).
         do_sample: speculative sampling instead of greedy verification.
         observers: called with every round's `RoundRecord`.
+        max_pending: slots of queued context updates (plain rounds) after which they reach the drafter anyway.
     """
 
     def __init__(self, target, drafter, policy: VerificationPolicy | None, processors: RowProcessors,
-                 do_sample: bool, observers: Sequence[RoundObserver] = ()) -> None:
+                 do_sample: bool, observers: Sequence[RoundObserver] = (), max_pending: int = 64) -> None:
         self.target, self.drafter, self.policy = target, drafter, policy
         self.processors, self.do_sample = processors, do_sample
         self.observers = list(observers)
+        self.max_pending = max_pending
         self.taps = feature_layers(drafter) if drafter is not None else []
 
     def start(self, rows: list[Any], anchor: torch.Tensor, target_cache: RaggedTargetCache,
@@ -145,7 +172,9 @@ class RoundKernel:
         batch.target_cache.commit_last(steps, kept_slots)
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
             valid = torch.arange(steps, device=inputs.device)[None, :] < kept_slots[:, None]
-            self.drafter.extend_context(batch.draft_cache, out.features, valid)
+            batch.pending.append((out.features, valid))
+            if record.drafted or batch.pending_slots() >= self.max_pending:
+                batch.flush(self.drafter)
             self.policy.observe(batch.rows, verify_len, accepted)
         batch.anchor = result.next_token
         record.verify_len, record.accepted = verify_len.tolist(), accepted.tolist()
@@ -162,6 +191,7 @@ class RoundKernel:
         record = RoundRecord(list(batch.rows), [], [], [], drafted=0, probe=plan.probe)
         if not plan.drafts:
             return batch.anchor.new_zeros(rows, 0), None, verify_len, record
+        batch.flush(self.drafter)
         index = plan.rows if plan.rows is not None and plan.rows.numel() < rows else None
         sub_rows = batch.rows if index is None else [batch.rows[i] for i in index.tolist()]
         sub_hist = list(histories) if index is None else [histories[i] for i in index.tolist()]

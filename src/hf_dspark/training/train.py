@@ -48,7 +48,8 @@ class DSparkTrainConfig:
         confidence_with_markov, mask_token_id: `DSparkConfig` fields of a fresh drafter.
         max_length: tokens per training sequence (cut from the right).
         max_new_tokens: generation limit of the data (infers truncated replies in files without `truncated`).
-        validation_fraction: share of conversations held out as `eval_dataset` (deterministic, `args.seed`).
+        validation_fraction: share of conversations held out as `eval_dataset` (deterministic in the seed below).
+        validation_seed: seed of that split (`None`: `args.seed`); fix it when a continued run changes `--seed`.
         max_examples: use only the first n conversations (smoke tests).
         num_threads: torch CPU threads per process (`None`: torch's default).
         feature_cache_batch_size: target batch size while building an offline feature cache.
@@ -106,7 +107,12 @@ class DSparkTrainConfig:
     )
     validation_fraction: float = field(
         default=0.02,
-        metadata={"help": "Share of conversations held out as the eval dataset (deterministic in --seed)."},
+        metadata={"help": "Share of conversations held out as the eval dataset (deterministic in --validation_seed)."},
+    )
+    validation_seed: int | None = field(
+        default=None,
+        metadata={"help": "Seed of the validation split (default: --seed). Fix it to change the data order of a "
+                  "continued run while keeping its held-out conversations out of training."},
     )
     max_examples: int | None = field(
         default=None, metadata={"help": "Use only the first n conversations (smoke runs)."}
@@ -233,7 +239,10 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
     target, tokenizer = load_training_target(config)
     records = load_conversations(config.data)[: config.max_examples]
     dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
-    train_examples, val_examples = split_validation(dataset.examples, config.validation_fraction, args.seed)
+    train_examples, val_examples = split_validation(
+        dataset.examples, config.validation_fraction,
+        args.seed if config.validation_seed is None else config.validation_seed,
+    )
     _check_examples(config, records, len(dataset), len(train_examples))
     drafter = build_drafter(config, target, train_examples, tokenizer)
     train_set = DSparkDataset(train_examples)
