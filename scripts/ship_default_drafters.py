@@ -34,21 +34,26 @@ TITLES = {"dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark def
 EVAL_LIMIT = 20
 
 
-def reproduce_block(variant: str, steps: int) -> str:
-    """The exact commands that produced the shipped folder (training, export, calibration, eval)."""
+def reproduce_block(variant: str, args) -> str:
+    """The exact commands that produced the shipped folder (training, export, calibration, eval).
+
+    `args`: the checkpoint's `TrainingArguments` (steps, LR, seeds of the last warm-started stage).
+    """
     out = f"runs/{variant}"
     folder = f"src/hf_dspark/resources/drafters/smollm2-135m-instruct-{variant}"
     sets = "data/eval/gsm8k.jsonl data/eval/humaneval.jsonl data/eval/mt-bench.jsonl"
+    steps, lr, seed = args.max_steps, f"{args.learning_rate:g}", args.seed
     return f"""```bash
-# v2 training: warm start from the v1 drafter (700 steps, see the git history of this folder), 1 CPU thread,
-# online bf16 target features, dense anchors, 8,192-token draft vocabulary, {steps} steps of a 400-step cosine
+# the last stage: warm start from the previously shipped drafter (earlier stages: the git history of this
+# folder), 1 CPU thread, online bf16 target features, dense anchors, 8,192-token draft vocabulary,
+# {steps} cosine steps at peak lr {lr}; the validation split stays the one of seed 0
 OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --output_dir {out} \\
   --resume_from_checkpoint auto --init_drafter {folder} --target_dtype bfloat16 --bf16 True --use_cpu True \\
-  --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps 400 \\
-  --learning_rate 3e-4 --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \\
-  --validation_fraction 0.004 --eval_strategy steps --eval_steps 50 --per_device_eval_batch_size 4 \\
+  --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps {steps} \\
+  --learning_rate {lr} --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \\
+  --validation_fraction 0.004 --eval_strategy steps --eval_steps 100 --per_device_eval_batch_size 4 \\
   --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \\
-  --train_sampling_strategy group_by_length --num_threads 1 --report_to none --seed 0
+  --train_sampling_strategy group_by_length --num_threads 1 --report_to none --seed {seed} --validation_seed 0
 # bf16 export, calibration on held-out training prompts, card
 python scripts/ship_default_drafters.py export --variant {variant} --checkpoint {out}/checkpoint-{steps} --force
 hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_prompts.jsonl \\
@@ -92,17 +97,24 @@ def calibration_notes(folder: Path) -> str:
     return "Calibration (held-out training prompts, `calibration.json`):\n" + "\n".join(lines)
 
 
-def budget_text(checkpoint: Path, cpu_hours: float | None) -> tuple[str, int]:
+def budget_text(checkpoint: Path, cpu_hours: float | None) -> tuple[str, object]:
+    """The training history in one paragraph, and the last stage's `TrainingArguments`."""
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     args = torch.load(checkpoint / "training_args.bin", weights_only=False)
     steps, epochs = state["global_step"], state["epoch"]
     batch = args.per_device_train_batch_size
     last = [h for h in state["log_history"] if "tau_est" in h][-1]
-    compute = f"{cpu_hours:.1f} CPU-hours in all (v1 + v2)" if cpu_hours else "compute not recorded"
-    return (f"v1: 700 steps × 4 sequences × 16 anchor blocks on the first 2,200 prompts (fp32); v2 (warm start): "
-            f"{steps} steps × {batch} sequences with dense anchors (every reply position anchors a block), bf16 "
-            f"autocast, an 8,192-token draft vocabulary, lr 3e-4 cosine ({epochs:.3f} epochs of 9,000 sequences); "
-            f"{compute}. Training-batch τ estimate (T = 1) at the end: {last['tau_est']:.2f}.", steps)
+    held_out = [h for h in state["log_history"] if "eval_tau_est" in h]
+    compute = f"{cpu_hours:.1f} CPU-hours in all stages" if cpu_hours else "compute not recorded"
+    text = (f"v1: 700 steps × 4 sequences × 16 anchor blocks on the first 2,200 prompts (fp32). v2: warm start, 400 "
+            "steps × 2 sequences with dense anchors (every reply position anchors a block), bf16 autocast, an "
+            f"8,192-token draft vocabulary, lr 3e-4 cosine. This stage: warm start from v2, {steps} steps × {batch} "
+            f"sequences, the same recipe at peak lr {args.learning_rate:g} cosine, data order seed {args.seed} "
+            f"({epochs:.3f} epochs of 9,000 sequences); {compute}. Training-batch τ estimate (T = 1) at the end: "
+            f"{last['tau_est']:.2f}")
+    if held_out:
+        text += f"; held-out (validation split) τ estimate: {held_out[-1]['eval_tau_est']:.3f}"
+    return text + ".", args
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -118,7 +130,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_card(args: argparse.Namespace) -> None:
     folder = default_drafter_dir(args.variant)
     drafter = DSparkDrafter.from_pretrained(folder)
-    budget, steps = budget_text(Path(args.checkpoint), args.cpu_hours)
+    budget, train_args = budget_text(Path(args.checkpoint), args.cpu_hours)
     notes = (f"Measured with `hf-dspark eval` on the first {EVAL_LIMIT} prompts of each set (MT-Bench: both turns), "
              "γ = ℓ = 7, no scheduler, 128 new tokens per turn, fp32 target on CPU.\n\n" + calibration_notes(folder))
     usage = f"""```python
@@ -134,7 +146,7 @@ output = target.generate(**inputs, assistant_model=drafter, max_new_tokens=128)
                      training_data=f"{TRAIN_DATA} (9,036 prompts from gsm8k train, Code Alpaca, ShareGPT; replies "
                      "regenerated by the target, see data/README.md; 0.4% held out)", budget=budget,
                      tau_table=tau_rows(args.variant, args.eval), notes=notes,
-                     reproduce=reproduce_block(args.variant, steps), usage=usage)
+                     reproduce=reproduce_block(args.variant, train_args), usage=usage)
     print(f"wrote {folder / 'README.md'}")
 
 
@@ -149,7 +161,7 @@ def main() -> None:
             p.add_argument("--force", action="store_true", help="replace the shipped drafter")
         else:
             p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
-            p.add_argument("--cpu-hours", type=float, default=None, help="training compute in all (v1 + v2)")
+            p.add_argument("--cpu-hours", type=float, default=None, help="training compute in all stages")
     args = parser.parse_args()
     cmd_export(args) if args.command == "export" else cmd_card(args)
 
