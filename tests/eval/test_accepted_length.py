@@ -11,8 +11,8 @@ from hf_dspark import DSparkDrafter
 from hf_dspark.cli import eval as eval_cli
 from hf_dspark.eval.accepted_length import (
     EvalConfig,
+    ProposalRecorder,
     WorkFile,
-    recording_proposals,
     rounds_from_generation,
     run_eval,
 )
@@ -66,13 +66,14 @@ def test_rounds_match_the_loop_stats(target, do_sample):
     drafter = make_drafter(target, block_size=GAMMA)
     ids, mask = ragged_prompts(3, seed=2)
     torch.manual_seed(0)
-    with recording_proposals(drafter) as calls:
-        out = target.generate(ids, attention_mask=mask, do_sample=do_sample, max_new_tokens=20, top_k=0,
-                              assistant_model=drafter)
-    assert "propose" not in vars(drafter)  # the wrapper is removed again
+    recorder = ProposalRecorder()
+    out = target.generate(ids, attention_mask=mask, do_sample=do_sample, max_new_tokens=20, top_k=0,
+                          assistant_model=drafter, dspark_observers=[recorder])
+    assert "propose" not in vars(drafter)  # nothing is set on the drafter
     stats = drafter.last_generation_stats
-    rows = rounds_from_generation(stats, calls, out, ids.shape[1])
-    assert rounds_from_generation(dataclasses.replace(stats, accepted_drafts=[]), calls, out, ids.shape[1]) == rows
+    rows = rounds_from_generation(stats, recorder.calls, out, ids.shape[1])
+    with pytest.raises(RuntimeError, match="acceptance counts"):
+        rounds_from_generation(dataclasses.replace(stats, accepted_drafts=[]), recorder.calls, out, ids.shape[1])
     all_rounds = [r for rounds, _, _ in rows for r in rounds]
     assert sum(r[2] for r in all_rounds) / len(all_rounds) == pytest.approx(stats.mean_accepted_length)
     assert sum(r[1] for r in all_rounds) == stats.draft_tokens_accepted  # no EOS in 20 random tokens

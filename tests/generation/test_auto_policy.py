@@ -156,3 +156,30 @@ def test_auto_is_the_library_default(target, monkeypatch):
     drafter = make_drafter(target, block_size=GAMMA)
     config = GenerationConfig(dspark_step_curve=FLAT, dspark_draft_curve=DRAFT)
     assert policy_module.policy_from_config(config, GAMMA, target=target, drafter=drafter).name == "auto"
+
+
+class _Collect:
+    def __init__(self) -> None:
+        self.records = []
+
+    def on_round(self, record) -> None:
+        self.records.append(record)
+
+
+@pytest.mark.parametrize("route", ["kwarg", "generation_config"])
+def test_observers_are_the_callers_objects(target, route):
+    """`dspark_observers` reach the caller's own objects whichever way they are passed (transformers deep-copies a
+    GenerationConfig, which must not copy the observers), one record per round."""
+    ids, mask = ragged_prompts(2, seed=3)
+    drafter = make_drafter(target, block_size=GAMMA)
+    observer = _Collect()
+    if route == "kwarg":
+        target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, assistant_model=drafter,
+                        dspark_observers=[observer])
+    else:
+        config = GenerationConfig(do_sample=False, max_new_tokens=12)
+        config.dspark_observers = [observer]
+        target.generate(ids, attention_mask=mask, generation_config=config, assistant_model=drafter)
+    stats = drafter.last_generation_stats
+    assert len(observer.records) == stats.rounds > 0
+    assert [r.verify_len for r in observer.records] == [[lens[a] for a in sorted(lens)] for lens in stats.verify_lens]

@@ -1,8 +1,8 @@
 """Offline accepted length (`hf-dspark eval`): τ per prompt set and drafter with the scheduler off (fixed ℓ).
 
 Every drafter runs inside the same batched DSpark loop (`target.generate(..., assistant_model=drafter)`) with
-`dspark_policy="fixed"`, so τ isolates draft quality. A small wrapper around `drafter.propose` records each
-round's drafts and raw confidence logits; with the loop's per-round stats and the final sequences that gives,
+`dspark_policy="fixed"`, so τ isolates draft quality. A round observer (`ProposalRecorder`) records each
+round's raw confidence logits; with the loop's per-round stats and the final sequences that gives,
 per row and round, `[ℓ, m, c]` (see `acceptance_metrics`). Multi-turn items are played turn by turn with the
 model's own earlier replies. Per-(drafter, ℓ, set, prompt, turn) records are appended to a JSON Lines work file
 next to the output, so an interrupted run resumes where it stopped. `eval_report.build_report` turns the
@@ -11,11 +11,10 @@ records into the JSON report and `plots` draws the figures.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 
 from ..modeling_dspark import DSparkDrafter
-from .acceptance_metrics import leading_matches
 from .prompt_lookup import prompt_lookup_for
 from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names
 from .work_file import WorkFile, drafter_identity, target_identity
@@ -125,60 +123,41 @@ class Plan:
 @dataclass
 class ProposalCall:
     rows: list[int]
-    drafts: torch.Tensor  # [A, γ]
     confidence_logits: torch.Tensor | None  # [A, γ]
 
 
-@contextmanager
-def recording_proposals(drafter: DSparkDrafter) -> Iterator[list[ProposalCall]]:
-    """Record every `drafter.propose` call (one per round) while the context is open."""
-    calls: list[ProposalCall] = []
-    original = drafter.propose
+class ProposalRecorder:
+    """A round observer (`dspark_observers=[recorder]`) keeping each drafting round's rows and confidence logits."""
 
-    def propose(*args, **kwargs):
-        proposal = original(*args, **kwargs)
-        rows = kwargs.get("row_ids")
-        rows = list(range(proposal.draft_ids.shape[0])) if rows is None else list(rows)
-        logits = getattr(proposal, "confidence_logits", None)
-        if logits is None and proposal.confidence is not None:
-            logits = torch.logit(proposal.confidence.float().clamp(1e-6, 1 - 1e-6))
-        calls.append(ProposalCall(rows, proposal.draft_ids.cpu(), None if logits is None else logits.float().cpu()))
-        return proposal
+    def __init__(self) -> None:
+        self.calls: list[ProposalCall] = []
 
-    drafter.propose = propose
-    try:
-        yield calls
-    finally:
-        del drafter.propose
+    def on_round(self, record) -> None:
+        logits = record.confidence_logits
+        self.calls.append(ProposalCall(list(record.rows), None if logits is None else logits.float().cpu()))
 
 
 def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Tensor, prompt_width: int):
     """Per row: (rounds `[[ℓ, m, c], ...]`, confidence logits per round or None, new-token count).
 
-    m comes from `stats.accepted_drafts` when the loop records it, else from the drafts matching the committed
-    tokens (the same number: a rejected draft is never re-emitted at its position).
-
-    stats: the call's `DSparkGenerationStats`; calls: the recorded proposals (one per round); sequences: the
-    generate output `[B, prompt_width + T]`. The first new token of every row comes from the prefill.
+    stats: the call's `DSparkGenerationStats` (ℓ, accepted drafts m and committed tokens c per row and round);
+    calls: the recorded rounds (`ProposalRecorder.calls`); sequences: the generate output `[B, prompt_width + T]`.
+    The first new token of every row comes from the prefill.
     """
-    if len(calls) != stats.rounds:
-        raise RuntimeError(f"recorded {len(calls)} proposals for {stats.rounds} rounds")
-    verified = getattr(stats, "accepted_drafts", None) or [None] * stats.rounds
+    if len(calls) != stats.rounds or len(stats.accepted_drafts) != stats.rounds:
+        raise RuntimeError(f"recorded {len(calls)} rounds and {len(stats.accepted_drafts)} acceptance counts for "
+                           f"{stats.rounds} rounds")
     out = []
     for row in range(sequences.shape[0]):
-        tokens = sequences[row, prompt_width:].tolist()
         position, rounds, logits = 1, [], []
-        for call, lens, committed, accepted in zip(calls, stats.verify_lens, stats.accepted_lengths, verified):
+        for call, lens, committed, accepted in zip(calls, stats.verify_lens, stats.accepted_lengths,
+                                                   stats.accepted_drafts):
             if row not in lens:
                 continue
-            verify_len, count, a = lens[row], committed[row], call.rows.index(row)
-            if accepted is not None:  # the loop's own count
-                m = accepted[row]
-            else:  # older stats: the drafts that match the committed tokens
-                m = leading_matches(call.drafts[a, :verify_len].tolist(), tokens[position : position + count])
-            rounds.append([verify_len, m, count])
+            count = committed[row]
+            rounds.append([lens[row], accepted[row], count])
             if call.confidence_logits is not None:
-                logits.append([round(float(z), 4) for z in call.confidence_logits[a]])
+                logits.append([round(float(z), 4) for z in call.confidence_logits[call.rows.index(row)]])
             position += count
         out.append((rounds, logits if len(logits) == len(rounds) else None, position))
     return out
@@ -214,11 +193,13 @@ def generate_rows(target, tokenizer, plan: Plan, prompts: list[torch.Tensor], ge
     ids, mask = _left_pad(prompts, generation.pad_token_id)
     torch.manual_seed(seed)
     start = time.perf_counter()
-    with recording_proposals(plan.drafter) as calls:
-        sequences = target.generate(ids.to(target.device), attention_mask=mask.to(target.device),
-                                    generation_config=generation, assistant_model=plan.drafter)
+    recorder = ProposalRecorder()
+    generation = copy.deepcopy(generation)
+    generation.dspark_observers = [recorder]
+    sequences = target.generate(ids.to(target.device), attention_mask=mask.to(target.device),
+                                generation_config=generation, assistant_model=plan.drafter)
     seconds = time.perf_counter() - start
-    rows = rounds_from_generation(plan.drafter.last_generation_stats, calls, sequences.cpu(), ids.shape[1])
+    rows = rounds_from_generation(plan.drafter.last_generation_stats, recorder.calls, sequences.cpu(), ids.shape[1])
     records = []
     for row, (rounds, logits, new_tokens) in enumerate(rows):
         reply_ids = sequences[row, ids.shape[1] : ids.shape[1] + new_tokens]

@@ -72,6 +72,10 @@ def _dspark_subclass(cls: type) -> type:
         # fields and would reject the rest as unused model kwargs, so `dspark_*` options are set on the copy here.
         options = {key: kwargs.pop(key) for key in [k for k in kwargs if k.startswith("dspark_")]}
         validate_dspark_options(options)
+        # transformers deep-copies the config; observers must stay the caller's objects, not copies of them
+        source = generation_config if generation_config is not None else self.generation_config
+        if getattr(source, "dspark_observers", None) is not None and "dspark_observers" not in options:
+            options["dspark_observers"] = source.dspark_observers
         config, model_kwargs = cls._prepare_generation_config(self, generation_config, **kwargs)
         for key, value in options.items():
             setattr(config, key, value)
