@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from .drafting import draft_logits_processor
 from .processors import RowProcessors
 
 if TYPE_CHECKING:
@@ -111,15 +112,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.drafter.extend_context(self.cache, features, valid)
 
     def propose(self, anchor_ids: torch.Tensor, histories: Sequence[torch.Tensor]) -> DSparkProposal:
-        processors = None
-        if not self.processors.is_empty:
-
-            def processors(k: int, drafts_so_far: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-                prefixes = histories
-                if not self.processors.history_free:
-                    prefixes = [torch.cat([h, d]) for h, d in zip(histories, drafts_so_far)]
-                return self.processors.apply(self.rows, prefixes, logits)
-
+        processors = draft_logits_processor(self.processors, self.rows, list(histories))
         self.last_proposal = self.drafter.propose(anchor_ids, self.cache, do_sample=self.do_sample,
                                                   logits_processor=processors, row_ids=self.rows,
                                                   histories=list(histories))
