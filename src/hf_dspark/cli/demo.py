@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 from .loaders import (
@@ -40,9 +41,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     kwargs = dict(max_new_tokens=args.max_new_tokens, **sampling)
     target.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up
     target.generate(input_ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)  # and cost curves
-    start = time.perf_counter()
-    output = target.generate(input_ids, assistant_model=drafter, **kwargs)
-    dspark_seconds = time.perf_counter() - start
+    output, dspark_seconds = _timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
     new_tokens = output.shape[1] - input_ids.shape[1]
     stats = drafter.last_generation_stats
     print("\n" + tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True).strip() + "\n")
@@ -51,16 +50,36 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"(γ = {drafter.config.block_size}, {stats.draft_tokens_accepted}/{stats.draft_tokens_verified} drafts "
           "accepted)")
     if args.compare:
-        start = time.perf_counter()
-        plain = target.generate(input_ids, **kwargs)
-        plain_seconds = time.perf_counter() - start
-        plain_new = plain.shape[1] - input_ids.shape[1]
-        same = "identical output" if torch.equal(plain, output) else (
-            "different samples (sampling)" if args.sample else "greedy output differs at a near-tie: bf16 rounds a "
-            "k-token verification differently from a 1-token step; use --dtype float32 for bit-identical output")
-        print(f"plain generate: {plain_new / plain_seconds:.1f} tokens/s; DSpark speedup "
-              f"{(new_tokens / dspark_seconds) / (plain_new / plain_seconds):.2f}x ({same})")
+        _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds)
     return 0
+
+
+def _timed(run):
+    start = time.perf_counter()
+    out = run()
+    return out, time.perf_counter() - start
+
+
+def _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds: float) -> None:
+    """Plain `generate` right after each DSpark run, `--repeats` pairs; prints the median of the paired ratios."""
+    import torch
+
+    ratios, plain_rates, same = [], [], True
+    for pair in range(args.repeats):
+        if pair:
+            output, dspark_seconds = _timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
+        plain, plain_seconds = _timed(lambda: target.generate(input_ids, **kwargs))
+        dspark_rate = (output.shape[1] - input_ids.shape[1]) / dspark_seconds
+        plain_rates.append((plain.shape[1] - input_ids.shape[1]) / plain_seconds)
+        ratios.append(dspark_rate / plain_rates[-1])
+        same = same and torch.equal(plain, output)
+    verdict = "identical output" if same else (
+        "different samples (sampling)" if args.sample else "greedy output differs at a near-tie: bf16 rounds a "
+        "k-token verification differently from a 1-token step; use --dtype float32 for bit-identical output")
+    pairs = f"median of {len(ratios)} paired runs: " + ", ".join(f"{r:.2f}" for r in ratios) if len(ratios) > 1 \
+        else "one run"
+    print(f"plain generate: {statistics.median(plain_rates):.1f} tokens/s; DSpark speedup "
+          f"{statistics.median(ratios):.2f}x ({pairs}; {verdict})")
 
 
 def add_demo_command(sub) -> None:
@@ -76,5 +95,7 @@ def add_demo_command(sub) -> None:
                       help="folder or Hub id of a trained drafter (default: the shipped one)")
     add_runtime_arguments(demo, threads=2)
     demo.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy decoding")
-    demo.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain-generate run")
+    demo.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain-generate runs")
+    demo.add_argument("--repeats", type=positive_int, default=3,
+                      help="DSpark / plain pairs, run alternately; the speedup printed is the median of their ratios")
     demo.set_defaults(func=cmd_demo, parser=demo)
