@@ -71,21 +71,30 @@ def _summary(report: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
-    parser.add_argument("--policies", nargs="+", default=["none", "fixed1", "fixed", "scheduler", "auto"])
-    parser.add_argument("--drafters", nargs="+", default=["shipped", "untrained", "oracle"])
+    parser.add_argument("--dtype", default="auto",
+                        help="model dtype: float32, bfloat16 or auto (bfloat16 where the CPU has it natively)")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, pinned")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32],
+                        help="client counts C to serve")
+    parser.add_argument("--policies", nargs="+", default=["none", "fixed1", "fixed", "scheduler", "auto"],
+                        help="verification policies: none, fixed1, fixed, threshold, scheduler, auto")
+    parser.add_argument("--drafters", nargs="+", default=["shipped", "untrained", "oracle"],
+                        help="drafters to serve: shipped (or --drafter), untrained (same architecture), oracle "
+                             "(the target's own greedy text)")
     parser.add_argument("--requests", type=int, default=8, help="finished requests per policy, C and pass")
     parser.add_argument("--passes", type=int, default=1, help="interleaved passes over the policies per C (medians)")
-    parser.add_argument("--max-new-tokens", type=int, default=32)
-    parser.add_argument("--prompts-per-set", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=32,
+                        help="tokens per serve request (the speed run generates twice as many)")
+    parser.add_argument("--prompts-per-set", type=int, default=4,
+                        help="serve prompts taken from each of the gsm8k, humaneval, mt-bench sets")
     parser.add_argument("--drafter", default=None, help="trained drafter folder (default: the shipped one)")
-    parser.add_argument("--speed-prompts", type=int, default=1)
-    parser.add_argument("--speed-sets", nargs="+", default=SETS)
-    parser.add_argument("--speed-repeats", type=int, default=2)
-    parser.add_argument("--skip-speed", action="store_true")
-    parser.add_argument("--out-dir", default="benchmarks/results/auto")
+    parser.add_argument("--speed-prompts", type=int, default=1, help="prompts per set in the speed run (batch 1)")
+    parser.add_argument("--speed-sets", nargs="+", default=SETS, help="JSONL prompt sets of the speed run")
+    parser.add_argument("--speed-repeats", type=int, default=2,
+                        help="timed repeats per prompt and method in the speed run, after one warm-up")
+    parser.add_argument("--skip-speed", action="store_true", help="serve only: skip the speed run")
+    parser.add_argument("--out-dir", default="benchmarks/results/auto",
+                        help="folder for serve_<drafter>.json, speed.json, summary.json and plots")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = resolve_dtype(args.dtype, "cpu")

@@ -118,10 +118,13 @@ def plot(result: dict, out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trained", default=None, help="trained drafter folder for the spectrum")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--context", type=int, default=200)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/markov_rank.json"))
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8],
+                        help="batch sizes (rows) at which propose is timed")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="timed propose calls per rank and batch, after 2 warm-up sweeps (median)")
+    parser.add_argument("--context", type=int, default=200, help="tokens in the drafter's cache before each propose")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/markov_rank.json"),
+                        help="JSON report path (PNG beside it)")
     parser.add_argument("--spectrum-only", action="store_true", help="keep the cost table of an existing --out")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -98,15 +98,18 @@ def _relative(path: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--gamma", type=int, default=7)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, pinned (picks the step curve too)")
+    parser.add_argument("--gamma", type=int, default=7, help="draft block size γ (fixed ℓ = γ)")
+    parser.add_argument("--max-new-tokens", type=int, default=48,
+                        help="tokens generated per prompt (exactly that many)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed repeats per method, after one warm-up (median)")
     parser.add_argument("--single", type=int, default=2, help="prompts run one at a time (batch 1)")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--prompts", default=str(ROOT / "data" / "eval" / "gsm8k.jsonl"))
+    parser.add_argument("--batch", type=int, default=8, help="prompts run as one left-padded batch")
+    parser.add_argument("--prompts", default=str(ROOT / "data" / "eval" / "gsm8k.jsonl"),
+                        help="JSONL prompt set (first user turn of each item)")
     parser.add_argument("--output", type=Path,
-                        default=ROOT / "benchmarks" / "results" / "step_curve_policy_comparison.json")
+                        default=ROOT / "benchmarks" / "results" / "step_curve_policy_comparison.json",
+                        help="JSON report path")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)

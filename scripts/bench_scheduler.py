@@ -83,10 +83,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=64, help="concurrent requests R")
     parser.add_argument("--block-size", type=int, default=8, help="draft positions γ")
-    parser.add_argument("--repeats", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=2000,
+                        help="timed calls per policy (auto: a quarter, at least 50)")
     parser.add_argument("--round-ms", type=float, default=60.0, help="reference cost of one verification forward")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "scheduler_overhead.json")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random survivals, confidences and acceptances")
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "scheduler_overhead.json",
+                        help="JSON report path")
     args = parser.parse_args()
 
     torch.set_num_threads(1)

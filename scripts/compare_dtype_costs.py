@@ -81,9 +81,9 @@ def ship(report_path: str, overwrite: bool, overwrite_step_curves: bool = False)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, pinned")
     parser.add_argument("--sweeps", type=int, default=4, help="timed sweeps (one untimed first)")
-    parser.add_argument("--out", default="benchmarks/results/dtype_costs.json")
+    parser.add_argument("--out", default="benchmarks/results/dtype_costs.json", help="JSON report path")
     parser.add_argument("--ship-from", default=None, help="write shipped curves from this report and stop")
     parser.add_argument("--overwrite", action="store_true", help="replace shipped drafter curves")
     parser.add_argument("--overwrite-step-curves", action="store_true",

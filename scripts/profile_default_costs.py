@@ -33,14 +33,16 @@ def _ms(curve, x: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads, pinned (part of the shipped curves' names)")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="dtypes to profile")
+    parser.add_argument("--repeats", type=int, default=7, help="timed sweeps per curve, after one untimed sweep")
     parser.add_argument("--statistic", choices=["median", "min"], default="min",
                         help="per point: min estimates the uncontended cost on a shared machine (default)")
     parser.add_argument("--skip-step-curve", nargs="*", default=[], help="dtypes whose shipped SPS(B) is kept")
     parser.add_argument("--overwrite", action="store_true", help="replace shipped curves that exist")
-    parser.add_argument("--summary", default="benchmarks/results/cost_curves.json")
+    parser.add_argument("--summary", default="benchmarks/results/cost_curves.json",
+                        help="JSON summary path, relative to the repository root")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     summary = {"threads": args.threads, "dtypes": {}}
