@@ -8,6 +8,9 @@ wall-clock seconds read from the run's tqdm log × the run's thread count.
 
     python scripts/plot_training_compute.py --run dspark=runs/dspark:runs/dspark.log \\
         --run dflash=runs/dflash:runs/dflash.log --start-hours 1.7 --out benchmarks/results/training_compute.json
+
+A run named "NAME STAGE" (e.g. "dspark v3", warm-started from the run "dspark") is drawn in NAME's colour with its
+own marker, so stages of one drafter read as one curve.
 """
 
 from __future__ import annotations
@@ -148,10 +151,14 @@ def plot(report: dict, path: Path) -> None:
     fig = Figure(figsize=(9.5, 3.8))
     FigureCanvasAgg(fig)
     tau_ax, acc_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    colors: dict[str, str] = {}
     for name, points in report["runs"].items():
+        family = name.split()[0]  # "dspark v3" continues "dspark": same colour, its own marker and line style
+        color = colors.setdefault(family, f"C{len(colors)}")
+        style = "o-" if name == family else "s--"
         hours = [p["cpu_hours"] for p in points]
-        line = tau_ax.plot(hours, [p["tau"] for p in points], "o-", label=name)[0]
-        acc_ax.plot(hours, [p["acc_rate_k1"] for p in points], "o-", color=line.get_color(), label=name)
+        tau_ax.plot(hours, [p["tau"] for p in points], style, color=color, label=name)
+        acc_ax.plot(hours, [p["acc_rate_k1"] for p in points], style, color=color, label=name)
     for name, point in report["points_before"].items():
         tau_ax.plot([point["cpu_hours"]], [point["tau"]], "k*", markersize=9)
         tau_ax.annotate(name, (point["cpu_hours"], point["tau"]), fontsize=7, xytext=(4, -10),
