@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers.utils import ModelOutput, logging
+from transformers.utils import logging
 
 from .cache import DSparkDraftCache
 from .configuration_dspark import DSparkConfig
@@ -24,42 +23,11 @@ from .draft_vocab import (
 from .functional import calibrated_confidence, semi_autoregressive_logits
 from .heads import ConfidenceHead, MarkovHead, build_sequential_head
 from .layers import DSparkDecoderLayer, DSparkRMSNorm, DSparkRope
+from .modeling_outputs import DraftLogitsProcessor, DSparkDrafterOutput, DSparkProposal
+
+__all__ = ["DSparkDrafter", "DSparkDrafterOutput", "DSparkPreTrainedModel", "DSparkProposal", "DraftLogitsProcessor"]
 
 logger = logging.get_logger(__name__)
-
-# (draft position k (0-based), drafted tokens so far [R, k], logits [R, V]) -> processed logits [R, V]
-DraftLogitsProcessor = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class DSparkProposal:
-    """One round of drafts for R requests.
-
-    Attributes:
-        draft_ids: `[R, γ]` drafted tokens x_1..x_γ.
-        draft_probs: `[R, γ, V]` the full p_draft_k each token was drawn from (after the logits processors), or
-            `None` when not requested (greedy verification needs none).
-        draft_token_probs: `[R, γ]` p_draft_k(x_k).
-        confidence: `[R, γ]` calibrated c_k, or `None` without a confidence head.
-        confidence_logits: `[R, γ]` raw head logits z_k before temperature scaling (for calibration), or `None`.
-    """
-
-    draft_ids: torch.Tensor
-    draft_probs: torch.Tensor | None
-    draft_token_probs: torch.Tensor
-    confidence: torch.Tensor | None
-    confidence_logits: torch.Tensor | None = None
-
-
-@dataclass
-class DSparkDrafterOutput(ModelOutput):
-    """Teacher-forced outputs: `logits` `[S, N, γ, V]` (U + B from gold previous tokens), `confidence_logits`
-    `[S, N, γ]` (before sigmoid and calibration), `hidden_states` `[S, N, γ, d]`."""
-
-    logits: torch.Tensor | None = None
-    confidence_logits: torch.Tensor | None = None
-    hidden_states: torch.Tensor | None = None
-
 
 @dataclass
 class _BoundTarget:

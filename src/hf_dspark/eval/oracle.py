@@ -14,7 +14,7 @@ import torch
 from ..configuration_dspark import DSparkConfig
 from ..generation.dispatch import enable
 from ..generation.drafting import ContextLengths, ModelFreeDrafter
-from ..modeling_dspark import DSparkProposal
+from ..modeling_outputs import DSparkProposal
 
 
 class OracleDrafter(ModelFreeDrafter):

@@ -15,7 +15,7 @@ import torch
 from ..configuration_dspark import DSparkConfig
 from ..generation.dispatch import enable
 from ..generation.drafting import ContextLengths, ModelFreeDrafter
-from ..modeling_dspark import DSparkProposal
+from ..modeling_outputs import DSparkProposal
 
 
 def lookup_continuation(history: list[int], length: int, max_ngram: int = 3) -> list[int]:

@@ -38,7 +38,7 @@ from .acceptance import AcceptanceMemory, AcceptanceTracker, memory_for
 from .cost_policy import CostAwarePlanner, DraftPlan
 
 if TYPE_CHECKING:
-    from ..modeling_dspark import DSparkProposal
+    from ..modeling_outputs import DSparkProposal
 
 logger = logging.get_logger(__name__)
 
