@@ -27,7 +27,9 @@ def main() -> None:
     parser.add_argument("--drafter", required=True, help="trained drafter folder")
     parser.add_argument("--data", nargs="+", default=["data/train_regenerated"], help="the run's --data")
     parser.add_argument("--validation-fraction", type=float, default=0.004, help="the run's --validation_fraction")
-    parser.add_argument("--seed", type=int, default=0, help="the run's --seed (it fixes the split)")
+    parser.add_argument("--seed", type=int, default=0, help="the run's --seed (the anchors' seed)")
+    parser.add_argument("--validation-seed", type=int, default=None,
+                        help="the run's --validation_seed, which fixes the split (default: --seed, as in training)")
     parser.add_argument("--target-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="target dtype")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per evaluation batch")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, pinned")
@@ -39,7 +41,8 @@ def main() -> None:
     target, tokenizer = load_training_target(config)
     dataset = build_dataset(load_conversations(config.data), tokenizer, max_length=config.max_length,
                             max_new_tokens=config.max_new_tokens)
-    _, validation = split_validation(dataset.examples, args.validation_fraction, args.seed)
+    split_seed = args.seed if args.validation_seed is None else args.validation_seed
+    _, validation = split_validation(dataset.examples, args.validation_fraction, split_seed)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).float()
     with tempfile.TemporaryDirectory() as scratch:
         training_args = DSparkTrainingArguments(

@@ -50,7 +50,7 @@ OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --o
   --resume_from_checkpoint auto --init_drafter {folder} --target_dtype bfloat16 --bf16 True --use_cpu True \\
   --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps {steps} \\
   --learning_rate {lr} --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \\
-  --validation_fraction 0.004 --eval_strategy steps --eval_steps 100 --per_device_eval_batch_size 4 \\
+  --validation_fraction 0.004 --eval_strategy steps --eval_steps {args.eval_steps} --per_device_eval_batch_size 4 \\
   --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \\
   --train_sampling_strategy group_by_length --num_threads 1 --report_to none --seed {seed} --validation_seed 0
 # bf16 export, calibration on held-out training prompts, card
@@ -130,7 +130,10 @@ def cmd_card(args: argparse.Namespace) -> None:
     folder = default_drafter_dir(args.variant)
     drafter = DSparkDrafter.from_pretrained(folder)
     budget, train_args = budget_text(Path(args.checkpoint), args.cpu_hours)
-    limit = json.loads(Path(args.eval[0]).read_text())["config"]["limit"]
+    limits = {json.loads(Path(path).read_text())["config"]["limit"] for path in args.eval}
+    if len(limits) != 1 or None in limits:
+        raise SystemExit(f"the eval reports must share one --limit (they have {sorted(map(str, limits))})")
+    limit = limits.pop()
     notes = (f"Measured with `hf-dspark eval` on the first {limit} prompts of each set (MT-Bench: both turns), "
              "γ = ℓ = 7, no scheduler, 128 new tokens per turn, fp32 target on CPU.\n\n" + calibration_notes(folder))
     usage = f"""```python

@@ -29,7 +29,7 @@ MASK_TOKEN="${MASK_TOKEN:-16}"          # SmolLM2's <empty_output>
 LR="${LR:-6e-4}"
 THREADS="${THREADS:-1}"
 NPROC="${NPROC:-1}"
-SEED="${SEED:-0}"
+SEED="${SEED:-0}"                       # seed of v1/v2 and of the validation split every stage keeps
 
 export OMP_NUM_THREADS="$THREADS"
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import GenerationConfig
 
 from hf_dspark.eval.oracle import OracleDrafter, oracle_for
+from hf_dspark.generation.dispatch import disable, dspark_generate, enable
 from hf_dspark.generation.engine import DSparkEngine
 from hf_dspark.generation.policy import VerificationPolicy
 from hf_dspark.scheduler import StepCurve
@@ -103,7 +106,7 @@ def _assert_row_context(target, drafter, cache, row: int, prompt: torch.Tensor, 
                            torch.ones(1, history.numel(), dtype=torch.bool))
     count = history.numel()
     assert int(cache.lengths[row]) == count
-    for mine, theirs in zip(cache.keys, fresh.keys):
+    for mine, theirs in zip([*cache.keys, *cache.values], [*fresh.keys, *fresh.values]):
         assert torch.allclose(mine[row, :, :count], theirs[0, :, :count], atol=1e-4)
 
 
@@ -158,28 +161,76 @@ def test_auto_is_the_library_default(target, monkeypatch):
     assert policy_module.policy_from_config(config, GAMMA, target=target, drafter=drafter).name == "auto"
 
 
+def test_max_pending_caps_the_queue_and_keeps_every_row_right(target):
+    """With a small cap the queue is flushed while requests join and leave; every row's context stays right."""
+    drafter = make_drafter(target, block_size=GAMMA)
+    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]))
+    engine = DSparkEngine(target, drafter, policy=policy, max_running=2)
+    engine.kernel.max_pending = 3
+    ids, mask = ragged_prompts(5, seed=12)
+    prompts = [ids[r][mask[r].bool()] for r in range(5)]
+    rids = [engine.add_request(p, max_new_tokens=n) for p, n in zip(prompts, [5, 60, 8, 60, 11])]
+    for _ in range(40):
+        engine.step()
+        assert engine.batch.pending_slots() < engine.kernel.max_pending
+    batch = engine.batch
+    batch.flush(drafter)
+    for a, rid in enumerate(batch.rows):
+        prompt = prompts[rids.index(rid)]
+        _assert_row_context(target, drafter, batch.draft_cache, a, prompt, engine.result(rid).generated)
+
+
 class _Collect:
     def __init__(self) -> None:
         self.records = []
+        self.lock = threading.Lock()  # observers need not survive a deep copy
 
     def on_round(self, record) -> None:
         self.records.append(record)
 
 
-@pytest.mark.parametrize("route", ["kwarg", "generation_config"])
+@pytest.mark.parametrize("route", ["kwarg", "generation_config", "custom_generate"])
 def test_observers_are_the_callers_objects(target, route):
     """`dspark_observers` reach the caller's own objects whichever way they are passed (transformers deep-copies a
-    GenerationConfig, which must not copy the observers), one record per round."""
+    GenerationConfig, which must not copy the observers, nor fail on one holding a lock), one record per round."""
     ids, mask = ragged_prompts(2, seed=3)
     drafter = make_drafter(target, block_size=GAMMA)
     observer = _Collect()
     if route == "kwarg":
         target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, assistant_model=drafter,
                         dspark_observers=[observer])
-    else:
+    elif route == "generation_config":
         config = GenerationConfig(do_sample=False, max_new_tokens=12)
         config.dspark_observers = [observer]
         target.generate(ids, attention_mask=mask, generation_config=config, assistant_model=drafter)
+        assert config.dspark_observers == [observer]  # the caller's config is left as it was
+    else:
+        disable(target)
+        try:
+            target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                            custom_generate=dspark_generate, drafter=drafter, dspark_observers=[observer])
+        finally:
+            enable(target)
     stats = drafter.last_generation_stats
     assert len(observer.records) == stats.rounds > 0
     assert [r.verify_len for r in observer.records] == [[lens[a] for a in sorted(lens)] for lens in stats.verify_lens]
+
+
+def test_observers_where_they_would_be_copies_are_refused(target):
+    ids, mask = ragged_prompts(1, seed=3)
+    drafter = make_drafter(target, block_size=GAMMA)
+    target.generation_config.dspark_observers = [_Collect()]
+    try:
+        with pytest.raises(ValueError, match="model's generation_config"):
+            target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=drafter)
+    finally:
+        del target.generation_config.dspark_observers
+    config = GenerationConfig(do_sample=False, max_new_tokens=4)
+    config.dspark_observers = [[]]  # unpatched, transformers copies the config before DSpark sees it
+    disable(target)
+    try:
+        with pytest.raises(ValueError, match=r"dspark_observers=\[...\]"):
+            target.generate(ids, attention_mask=mask, generation_config=config, custom_generate=dspark_generate,
+                            drafter=drafter)
+    finally:
+        enable(target)

@@ -150,3 +150,20 @@ def test_auto_resume_with_only_partial_checkpoints_says_so(tmp_path, tiny_target
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(FileExistsError, match="is a file"):
         train(_config(tmp_path, tiny_target_dir), _args(tmp_path / "a-file"))
+
+
+def _validation_inputs(tmp_path, tiny_target_dir, name: str, seed: int, validation_seed: int | None) -> list:
+    config = _config(tmp_path, tiny_target_dir, records=tokenized_records(12), validation_fraction=0.25,
+                     validation_seed=validation_seed)
+    trainer = train(config, _args(tmp_path / name, max_steps=1, save_strategy="no", seed=seed, eval_strategy="no"))
+    return sorted(tuple(example["input_ids"]) for example in trainer.eval_dataset.examples)
+
+
+def test_validation_seed_keeps_the_split_when_the_seed_changes(tmp_path, tiny_target_dir):
+    """A continued run with a new --seed (a new data order) keeps its held-out conversations via --validation_seed;
+    without it, the split follows --seed."""
+    first = _validation_inputs(tmp_path, tiny_target_dir, "seed0", seed=0, validation_seed=None)
+    continued = _validation_inputs(tmp_path, tiny_target_dir, "seed1_split0", seed=1, validation_seed=0)
+    reseeded = _validation_inputs(tmp_path, tiny_target_dir, "seed1", seed=1, validation_seed=None)
+    assert continued == first
+    assert reseeded != first

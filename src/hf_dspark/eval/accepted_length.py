@@ -142,7 +142,8 @@ def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Te
 
     stats: the call's `DSparkGenerationStats` (ℓ, accepted drafts m and committed tokens c per row and round);
     calls: the recorded rounds (`ProposalRecorder.calls`); sequences: the generate output `[B, prompt_width + T]`.
-    The first new token of every row comes from the prefill.
+    The first new token of every row comes from the prefill. A row's logits are kept only when every one of its
+    rounds drafted (a plain-decoding round has none).
     """
     if len(calls) != stats.rounds or len(stats.accepted_drafts) != stats.rounds:
         raise RuntimeError(f"recorded {len(calls)} rounds and {len(stats.accepted_drafts)} acceptance counts for "
@@ -156,8 +157,9 @@ def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Te
                 continue
             count = committed[row]
             rounds.append([lens[row], accepted[row], count])
-            if call.confidence_logits is not None:
-                logits.append([round(float(z), 4) for z in call.confidence_logits[call.rows.index(row)]])
+            row_logits = None if call.confidence_logits is None else call.confidence_logits[call.rows.index(row)]
+            if row_logits is not None and bool(torch.isfinite(row_logits).all()):  # NaN: the row did not draft
+                logits.append([round(float(z), 4) for z in row_logits])
             position += count
         out.append((rounds, logits if len(logits) == len(rounds) else None, position))
     return out

@@ -15,6 +15,8 @@ For users who want no patching, `dspark_generate` is a `custom_generate` callabl
 
 from __future__ import annotations
 
+import copy
+
 from ..binding import validate_target_shape
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
@@ -30,6 +32,25 @@ def _requested_beams(model, kwargs) -> int:
         return int(kwargs["num_beams"])
     config = kwargs.get("generation_config") or model.generation_config
     return int(getattr(config, "num_beams", 1) or 1)
+
+
+def _without_observers(model, generation_config):
+    """(config to hand to transformers, the observers it held or None).
+
+    transformers deep-copies the generation config, which would give the loop copies of the caller's observers
+    (and fail on observers holding a lock or a file): the config travels as a shallow copy without them, and the
+    caller's own objects are put back on transformers' copy. Observers on the model's `generation_config` are
+    refused: transformers merges that config into every call's by copying it.
+    """
+    if getattr(model.generation_config, "dspark_observers", None) is not None:
+        raise ValueError("dspark_observers on the model's generation_config would reach the loop as deep copies; "
+                         "pass them per call: generate(..., dspark_observers=[...]).")
+    observers = getattr(generation_config, "dspark_observers", None)
+    if observers is None:
+        return generation_config, None
+    shallow = copy.copy(generation_config)
+    vars(shallow).pop("dspark_observers", None)
+    return shallow, observers
 
 
 def _dspark_subclass(cls: type) -> type:
@@ -72,10 +93,9 @@ def _dspark_subclass(cls: type) -> type:
         # fields and would reject the rest as unused model kwargs, so `dspark_*` options are set on the copy here.
         options = {key: kwargs.pop(key) for key in [k for k in kwargs if k.startswith("dspark_")]}
         validate_dspark_options(options)
-        # transformers deep-copies the config; observers must stay the caller's objects, not copies of them
-        source = generation_config if generation_config is not None else self.generation_config
-        if getattr(source, "dspark_observers", None) is not None and "dspark_observers" not in options:
-            options["dspark_observers"] = source.dspark_observers
+        generation_config, observers = _without_observers(self, generation_config)
+        if observers is not None:
+            options.setdefault("dspark_observers", observers)  # a generate() argument wins over the config's
         config, model_kwargs = cls._prepare_generation_config(self, generation_config, **kwargs)
         for key, value in options.items():
             setattr(config, key, value)
@@ -112,11 +132,20 @@ def is_enabled(target) -> bool:
 
 
 def dspark_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                    drafter: DraftModel | None = None, dspark_streamer=None, **model_kwargs):
-    """`custom_generate` entry point: `model.generate(**inputs, custom_generate=dspark_generate, drafter=d)`."""
+                    drafter: DraftModel | None = None, dspark_streamer=None, dspark_observers=None, **model_kwargs):
+    """`custom_generate` entry point: `model.generate(**inputs, custom_generate=dspark_generate, drafter=d)`.
+
+    Round observers travel as an argument (`dspark_observers=[...]`): transformers has deep-copied the generation
+    config by now, so observers set on it would be copies, and are refused.
+    """
     if drafter is None:
         raise ValueError("dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, "
                          "drafter=drafter)")
+    if getattr(generation_config, "dspark_observers", None) is not None:
+        raise ValueError("with custom_generate=dspark_generate, transformers deep-copies the generation config, so "
+                         "its dspark_observers would be copies: pass generate(..., dspark_observers=[...]) instead.")
+    if dspark_observers is not None:
+        generation_config.dspark_observers = list(dspark_observers)  # transformers' per-call copy
     validate_dspark_options(generation_config_options(generation_config))
     check_left_padded(model_kwargs.get("attention_mask"))
     return dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,

@@ -5,7 +5,8 @@ One round for the running rows: plan (which rows draft; the "auto" policy may ch
 budgets, streaming) → extend the drafter's context with the committed tokens' tapped target features. Rounds
 that do not draft only queue their features (`RoundBatch.pending`); the queue reaches the drafter in one
 `extend_context` call before its next proposal (or once `max_pending` slots wait), so a run of plain-decoding
-rounds pays one drafter context update instead of one per round, and the drafter sees the same context.
+rounds pays one drafter context update instead of one per round, and the drafter sees the same context (up to
+floating-point rounding: one batched projection instead of several).
 Observers (`RoundObserver.on_round`) receive a `RoundRecord` per round; nothing is written onto the drafter.
 """
 
@@ -36,9 +37,10 @@ class RoundRecord:
     rows: the caller's row ids (batch index in `generate`, request id in the engine); verify_len: ℓ_r; accepted:
     drafts verification accepted; committed: tokens actually kept (EOS / budgets may cut); drafted: rows that ran
     the drafter (0: a plain-decoding round); probe: the round refreshed the "auto" policy's estimates;
-    schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (NaN for rows that did
-    not draft) or None; *_seconds: wall time of the policy's decisions, the drafter, and the target forward with
-    verification and commit.
+    schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (logit(c_k) for drafters
+    that give only calibrated c_k; NaN for rows that did not draft) or None; *_seconds: wall time of the
+    policy's decisions, the drafter (with its queued context update), and the target forward with verification
+    and commit.
     """
 
     rows: list[Any]
@@ -191,13 +193,13 @@ class RoundKernel:
         record = RoundRecord(list(batch.rows), [], [], [], drafted=0, probe=plan.probe)
         if not plan.drafts:
             return batch.anchor.new_zeros(rows, 0), None, verify_len, record
+        proposed_at = time.perf_counter()  # the queued context update counts as drafting time
         batch.flush(self.drafter)
         index = plan.rows if plan.rows is not None and plan.rows.numel() < rows else None
         sub_rows = batch.rows if index is None else [batch.rows[i] for i in index.tolist()]
         sub_hist = list(histories) if index is None else [histories[i] for i in index.tolist()]
         cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(index.to(device))
         anchor = batch.anchor if index is None else batch.anchor.index_select(0, index.to(device))
-        proposed_at = time.perf_counter()
         proposal = self.drafter.propose(
             anchor, cache, do_sample=self.do_sample, row_ids=sub_rows, histories=sub_hist,
             logits_processor=draft_logits_processor(self.processors, sub_rows, sub_hist),
@@ -209,8 +211,11 @@ class RoundKernel:
         record.draft_seconds = chosen_at - proposed_at
         record.drafted = len(sub_rows)
         record.schedule = self.policy.last_schedule
-        if proposal.confidence_logits is not None:
-            record.confidence_logits = _scatter(proposal.confidence_logits, index, rows, float("nan"))
+        logits = proposal.confidence_logits
+        if logits is None and proposal.confidence is not None:  # drafters that only give calibrated c_k
+            logits = torch.logit(proposal.confidence.float().clamp(1e-6, 1 - 1e-6))
+        if logits is not None:
+            record.confidence_logits = _scatter(logits, index, rows, float("nan"))
         drafts = _scatter(proposal.draft_ids, index, rows)
         probs = None
         if self.do_sample:
