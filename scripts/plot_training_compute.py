@@ -116,7 +116,8 @@ def main() -> None:
     parser.add_argument("--started", action="append", default=[],
                         help="NAME=UNIX_TIME the run's process started (CPU 0 there), with --cpu-samples")
     parser.add_argument("--eval-report", default=None,
-                        help="an `hf-dspark eval` JSON at T = 1: adds its per-position acceptance to the table")
+                        help="an `hf-dspark eval` JSON at T = 1: adds its per-position acceptance to the table "
+                        "(to the last stage of each drafter, matched by the name before the space)")
     parser.add_argument("--out", default="benchmarks/results/training_compute.json", help="JSON (PNG beside it).")
     args = parser.parse_args()
     eval_report = json.loads(Path(args.eval_report).read_text()) if args.eval_report else None
@@ -134,7 +135,11 @@ def main() -> None:
         mtime = Path(log).stat().st_mtime if log else None
         starts = {key: float(value) for key, value in (item.split("=") for item in args.start)}
         report["runs"][name] = curve(history, wall, args.threads, starts.get(name, args.start_hours), cpu, mtime)
-        report["position_acceptance"][name] = position_table(history, eval_report, name)
+        report["position_acceptance"][name] = position_table(history, eval_report, name.split()[0])
+    for name in list(report["position_acceptance"])[:-1]:  # the eval report measured each drafter's last stage
+        later = [n for n in list(report["position_acceptance"]) if n.split()[0] == name.split()[0]]
+        if later[-1] != name:
+            report["position_acceptance"][name].update(eval=None, eval_reached=None)
     for spec in args.baseline:
         name, _, rest = spec.partition("=")
         hours, _, tau = rest.partition(":")
