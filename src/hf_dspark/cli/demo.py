@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 from .loaders import (
     add_runtime_arguments,
@@ -25,6 +24,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import torch
 
     from ..eval.prompts import chat_input_ids
+    from ..eval.speed import timed
 
     check_nonempty(args.parser, "--prompt", args.prompt)
     check_drafter_path(args.parser, "--drafter", args.drafter)
@@ -41,7 +41,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     kwargs = dict(max_new_tokens=args.max_new_tokens, **sampling)
     target.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up
     target.generate(input_ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)  # and cost curves
-    output, dspark_seconds = _timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
+    dspark_seconds, output = timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
     new_tokens = output.shape[1] - input_ids.shape[1]
     stats = drafter.last_generation_stats
     print("\n" + tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True).strip() + "\n")
@@ -54,21 +54,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _timed(run):
-    start = time.perf_counter()
-    out = run()
-    return out, time.perf_counter() - start
-
-
 def _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds: float) -> None:
     """Plain `generate` right after each DSpark run, `--repeats` pairs; prints the median of the paired ratios."""
     import torch
 
+    from ..eval.speed import timed
+
     ratios, plain_rates, identical = [], [], 0
     for pair in range(args.repeats):
         if pair:
-            output, dspark_seconds = _timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
-        plain, plain_seconds = _timed(lambda: target.generate(input_ids, **kwargs))
+            dspark_seconds, output = timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
+        plain_seconds, plain = timed(lambda: target.generate(input_ids, **kwargs))
         dspark_rate = (output.shape[1] - input_ids.shape[1]) / dspark_seconds
         plain_rates.append((plain.shape[1] - input_ids.shape[1]) / plain_seconds)
         ratios.append(dspark_rate / plain_rates[-1])

@@ -64,7 +64,8 @@ class SpeedConfig:
             raise ValueError("num_prompts, repeats and max_new_tokens must be >= 1")
 
 
-def _timed(fn) -> tuple[float, torch.Tensor]:
+def timed(fn) -> tuple[float, torch.Tensor]:
+    """(wall seconds of `fn()`, its result)."""
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
@@ -134,7 +135,7 @@ def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None, ba
                 fn()
             for repeat in range(config.repeats):
                 for name, (fn, owner) in methods.items():
-                    seconds, out = _timed(fn)
+                    seconds, out = timed(fn)
                     new = out.shape[1] - input_ids.shape[1]
                     stats = owner.last_generation_stats if owner is not None else None
                     rows.append(dict(set=set_name, prompt=index, repeat=repeat, method=name, seconds=seconds,
