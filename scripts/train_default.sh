@@ -6,6 +6,8 @@
 #                                            # autocast, 8,192-token draft vocabulary, both data files (shipped v2)
 #   RECIPE=v3 scripts/train_default.sh       # v3: the v2 recipe warm-started from shipped v2, 1,200 steps, peak LR
 #                                            # 5e-4, seed 1 (a new data order, so mostly unseen replies)
+#   RECIPE=v4 scripts/train_default.sh       # v4: the v3 recipe warm-started from the fp32 v3 checkpoint (or shipped v3),
+#                                            # seed 2 (another new data order)
 #   STEPS=4000 THREADS=2 scripts/train_default.sh dspark
 #   NPROC=2 scripts/train_default.sh         # 2 data-parallel CPU processes via accelerate (gloo)
 #
@@ -50,11 +52,15 @@ launch() {
   fi
 }
 
-train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3 only changes steps, LR, seed and folder
-  local name="$1" steps=400 lr=3e-4 seed="$SEED" evals=50
+train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3/v4 change steps, LR, seed, start and folder
+  local name="$1" steps=400 lr=3e-4 seed="$SEED" evals=50 init="src/hf_dspark/resources/drafters/$1"
   if [[ "$RECIPE" == "v3" ]]; then steps=1200 lr=5e-4 seed=1 evals=100; fi
+  if [[ "$RECIPE" == "v4" ]]; then
+    steps=1200 lr=5e-4 seed=2 evals=100
+    if [[ -d "$OUT/$name-v3/checkpoint-1200" ]]; then init="$OUT/$name-v3/checkpoint-1200"; fi  # fp32, not bf16
+  fi
   launch --data "$DATA" --output_dir "$OUT/$name-$RECIPE" --resume_from_checkpoint auto \
-    --init_drafter "src/hf_dspark/resources/drafters/$name" --target_dtype bfloat16 --bf16 True --use_cpu True \
+    --init_drafter "$init" --target_dtype bfloat16 --bf16 True --use_cpu True \
     --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps "$steps" \
     --learning_rate "$lr" --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \
     --validation_fraction 0.004 --eval_strategy steps --eval_steps "$evals" --per_device_eval_batch_size 4 \
@@ -64,7 +70,7 @@ train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3 only cha
 
 train_one() {  # name, extra flags...
   local name="$1"; shift
-  if [[ "${RECIPE:-v1}" == "v2" || "${RECIPE:-v1}" == "v3" ]]; then
+  if [[ "${RECIPE:-v1}" =~ ^v[234]$ ]]; then
     train_v2 "$name"
     return
   fi
