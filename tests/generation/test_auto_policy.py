@@ -56,7 +56,7 @@ def test_auto_switches_off_and_back_on_and_stays_bit_identical(target, batch):
     oracle = FlakyOracle(base.config, lengths, [20 + 7 * r for r in range(batch)], [50 + 7 * r for r in range(batch)])
     oracle.set_reference(reference, mask)
     config = GenerationConfig(do_sample=False, max_new_tokens=new, dspark_policy="auto", dspark_step_curve=FLAT,
-                              dspark_draft_curve=DRAFT)
+                              dspark_draft_curve=DRAFT, dspark_measured_costs=False)
     output = target.generate(ids, attention_mask=mask, assistant_model=oracle, generation_config=config)
     assert torch.equal(output, reference)
     stats = oracle.last_generation_stats
@@ -71,7 +71,7 @@ def test_auto_with_an_untrained_drafter_decodes_plainly_and_matches(target):
     ids, mask = ragged_prompts(2, seed=5)
     drafter = make_drafter(target, block_size=GAMMA)
     config = GenerationConfig(do_sample=False, max_new_tokens=40, dspark_policy="auto", dspark_step_curve=FLAT,
-                              dspark_draft_curve=DRAFT)
+                              dspark_draft_curve=DRAFT, dspark_measured_costs=False)
     output = target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config)
     assert torch.equal(output, _plain(target, ids, mask, 40))
     stats = drafter.last_generation_stats
@@ -82,7 +82,8 @@ def test_auto_with_an_untrained_drafter_decodes_plainly_and_matches(target):
 def test_skipped_rounds_still_feed_the_drafter_its_context(target):
     """After plain-decoding rounds the draft cache equals one built from the full history at once."""
     drafter = make_drafter(target, block_size=GAMMA)
-    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]))
+    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]),
+                                measured_costs=False)
     engine = DSparkEngine(target, drafter, policy=policy)
     prompt = ragged_prompts(1, seed=8)[0][0]
     rid = engine.add_request(prompt, max_new_tokens=30)
@@ -113,7 +114,8 @@ def _assert_row_context(target, drafter, cache, row: int, prompt: torch.Tensor, 
 def test_queued_context_survives_requests_joining_and_leaving(target):
     """Requests leave and join while plain rounds' context updates wait; the flushed cache is right per row."""
     drafter = make_drafter(target, block_size=GAMMA)
-    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]))
+    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]),
+                                measured_costs=False)
     engine = DSparkEngine(target, drafter, policy=policy, max_running=2)
     ids, mask = ragged_prompts(4, seed=12)
     prompts = [ids[r][mask[r].bool()] for r in range(4)]
@@ -164,7 +166,8 @@ def test_auto_is_the_library_default(target, monkeypatch):
 def test_max_pending_caps_the_queue_and_keeps_every_row_right(target):
     """With a small cap the queue is flushed while requests join and leave; every row's context stays right."""
     drafter = make_drafter(target, block_size=GAMMA)
-    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]))
+    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=StepCurve([1, 64], [0.1, 0.1]),
+                                measured_costs=False)
     engine = DSparkEngine(target, drafter, policy=policy, max_running=2)
     engine.kernel.max_pending = 3
     ids, mask = ragged_prompts(5, seed=12)

@@ -17,15 +17,19 @@ from typing import Any
 
 import torch
 
+from .cost_correction import CostCorrection
+
 
 @dataclass
 class AcceptanceMemory:
-    """Pooled decayed counts `[γ]` over every observed row (the prior of new requests)."""
+    """Pooled decayed counts `[γ]` over every observed row (the prior of new requests), the probe schedule and the
+    measured round costs (`CostCorrection`), kept across calls with the same drafter."""
 
     successes: torch.Tensor
     trials: torch.Tensor
     rounds_since_probe: int = 0
     probe_interval: int = 0
+    costs: CostCorrection = field(default_factory=CostCorrection)
 
     @classmethod
     def empty(cls, block_size: int) -> AcceptanceMemory:

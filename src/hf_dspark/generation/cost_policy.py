@@ -11,18 +11,24 @@ Skipping stops the estimates from updating, so a *probe* drafts the skipped rows
 would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
 `probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain round)), clamped to
 [`min_interval`, `max_interval`]. A drafter never observed before probes in its first round.
+
+The curves are corrected by what earlier rounds measured (`cost_correction.CostCorrection`, fed by
+`observe_round`): plain rounds' predicted cost × f_plain, drafting rounds' × f_drafting.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..padded_scheduler import draft_or_decode, padded_verify_seconds
 from .acceptance import AcceptanceTracker
+
+if TYPE_CHECKING:
+    from .round import RoundRecord
 
 
 @dataclass
@@ -59,6 +65,8 @@ class CostAwarePlanner:
         probe_budget: fraction of time probes may cost.
         min_interval / max_interval: bounds of the rounds between probes.
         optimistic: conditional acceptance assumed when choosing a probe's rows and L.
+        measured_costs: correct the curves by earlier rounds' wall times (`CostCorrection`); False plans with the
+            curves as given (e.g. synthetic curves that are not this machine's seconds).
     """
 
     tracker: AcceptanceTracker
@@ -68,6 +76,7 @@ class CostAwarePlanner:
     min_interval: int = 8
     max_interval: int = 512
     optimistic: float = 0.95
+    measured_costs: bool = True
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _last: tuple[Any, tuple[torch.Tensor, int]] | None = field(default=None, repr=False)
@@ -86,11 +95,34 @@ class CostAwarePlanner:
             self._draft_table[0] = 0.0
         return self._draft_table[: rows + 1]
 
+    def corrected_costs(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T_verify(rows·(1 + L)) `[γ + 1]`, T_draft(k) `[rows + 1]`) scaled by the measured corrections: column
+        L = 0 (plain decoding) by f_plain, drafting rounds (L ≥ 1 and the drafter) by f_drafting."""
+        if not self.measured_costs:
+            return self.verify_seconds(rows), self.draft_seconds(rows)
+        costs = self.tracker.memory.costs
+        verify = self.verify_seconds(rows).clone()
+        verify[0] *= costs.plain
+        verify[1:] *= costs.drafting
+        return verify, self.draft_seconds(rows) * costs.drafting
+
+    def observe_round(self, record: RoundRecord) -> None:
+        """Feed one finished round's wall time (drafter + verification) to the cost correction."""
+        rows = len(record.rows)
+        if rows == 0 or not self.measured_costs:
+            return
+        longest = max(record.verify_len, default=0)
+        predicted = float(self.verify_seconds(rows)[min(longest, self.tracker.block_size)])
+        if record.drafted:
+            predicted += float(self.draft_seconds(rows)[record.drafted])
+        measured = record.verify_seconds + record.draft_seconds
+        self.tracker.memory.costs.observe(bool(record.drafted), measured, predicted)
+
     def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
         """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify."""
         count, gamma = len(rows), self.tracker.block_size
         cap = cap.detach().cpu().clamp(0, gamma)
-        costs = self.verify_seconds(count), self.draft_seconds(count)
+        costs = self.corrected_costs(count)
         chosen, length = self._decide(rows, cap, costs)
         memory = self.tracker.memory
         if length > 0:
@@ -105,13 +137,14 @@ class CostAwarePlanner:
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         memory.rounds_since_probe = 0
-        memory.probe_interval = self._interval(count, int(chosen.sum()), length)
+        memory.probe_interval = self._interval(costs, int(chosen.sum()), length)
         return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count)
 
     def _decide(self, rows: list[Any], cap: torch.Tensor, costs) -> tuple[torch.Tensor, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and observations are unchanged
         (a run of plain-decoding rounds observes nothing, so its decision is computed once)."""
-        key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, self.tracker.memory.trials.sum().item())
+        memory = self.tracker.memory
+        key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, memory.trials.sum().item(), memory.costs.key())
         if self._last is not None and self._last[0] == key:
             return self._last[1]
         decision = draft_or_decode(self._expected(self.tracker.survival(rows), cap), *costs)
@@ -126,10 +159,10 @@ class CostAwarePlanner:
         gains = (survival * allowed).cumsum(dim=-1)
         return torch.cat([torch.ones(survival.shape[0], 1, dtype=gains.dtype), 1.0 + gains], dim=1)
 
-    def _interval(self, rows: int, drafting: int, length: int) -> int:
-        """Rounds until the next probe so that probes cost ≤ probe_budget of the time."""
-        table = self.verify_seconds(rows)
-        plain, probe = float(table[0]), float(table[length])
-        extra = probe - plain + float(self.draft_seconds(rows)[drafting])
+    def _interval(self, costs: tuple[torch.Tensor, torch.Tensor], drafting: int, length: int) -> int:
+        """Rounds until the next probe so that probes cost ≤ probe_budget of the time (corrected `costs`)."""
+        verify, draft = costs
+        plain, probe = float(verify[0]), float(verify[length])
+        extra = probe - plain + float(draft[drafting])
         wanted = math.ceil(extra / max(self.probe_budget * plain, 1e-12))
         return int(min(max(wanted, self.min_interval), self.max_interval))

@@ -21,6 +21,7 @@ DSPARK_OPTIONS: dict[str, str] = {
     "dspark_threshold": "a number in [0, 1], the prefix-survival threshold of the 'threshold' policy",
     "dspark_step_curve": "a StepCurve or the path of one saved by `hf-dspark profile`",
     "dspark_draft_curve": "a StepCurve (drafter proposals per second against rows) or its JSON path, for 'auto'",
+    "dspark_measured_costs": "True/False, let 'auto' correct its cost curves by earlier rounds' wall times",
     "dspark_observers": "a list of round observers (objects with on_round(record)), called every round",
     "dspark_record_confidence": "True/False, keep every round's confidence logits in the statistics",
     "dspark_stock_loop": "True/False, run transformers' own batch-1 assisted loop with the DSpark drafter",
@@ -54,7 +55,9 @@ def _check_value(name: str, value: Any) -> None:
                 raise ValueError(f"{name}: no such file {os.fspath(value)!r} (save one with `hf-dspark profile`).")
         elif not hasattr(value, "steps_per_second_at"):
             raise ValueError(f"{name} must be a StepCurve or the path of its JSON file, got {value!r}.")
-    elif name in ("dspark_record_confidence", "dspark_stock_loop") and not isinstance(value, bool):
+    elif name in ("dspark_record_confidence", "dspark_stock_loop", "dspark_measured_costs") and not isinstance(
+        value, bool
+    ):
         raise ValueError(f"{name} must be True or False, got {value!r}.")
 
 

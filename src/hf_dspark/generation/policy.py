@@ -15,6 +15,8 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
 - `dspark_draft_curve`: a `StepCurve` (proposals per second against rows R) or its JSON path, for `"auto"`.
   When unset, the drafter's curve (`hf_dspark.profiling.load_or_profile_draft_curve`); model-free drafters
   (oracle, prompt lookup) count as free.
+- `dspark_measured_costs`: True (default) lets `"auto"` correct its cost curves by the measured wall time of earlier
+  rounds (`cost_correction`); False plans with the curves as given.
 - `dspark_record_confidence`: when True, the statistics keep every round's raw confidence logits, so that
   `stats.calibration_pairs()` yields held-out (logits, prefix survival) pairs for STS (`hf-dspark calibrate`).
 
@@ -39,6 +41,7 @@ from .cost_policy import CostAwarePlanner, DraftPlan
 
 if TYPE_CHECKING:
     from ..modeling_outputs import DSparkProposal
+    from .round import RoundRecord
 
 logger = logging.get_logger(__name__)
 
@@ -72,6 +75,8 @@ class VerificationPolicy:
         step_curve: SPS(B) (`StepCurve` or JSON path), for the load-aware policies.
         draft_curve: the drafter's proposals per second against rows (`StepCurve` or path), for `"auto"`.
         memory_key: the drafter, whose pooled acceptance `"auto"` remembers across calls (None: this call only).
+        measured_costs: `"auto"` corrects its curves by the wall times of earlier rounds (`cost_correction`);
+            False plans with the curves as given.
     """
 
     name: str = "fixed"
@@ -81,6 +86,7 @@ class VerificationPolicy:
     step_curve: Any = None
     draft_curve: Any = None
     memory_key: Any = field(default=None, repr=False)
+    measured_costs: bool = True
     last_schedule: ScheduleRecord = field(default_factory=ScheduleRecord, repr=False)
     _previous_survival: torch.Tensor | None = field(default=None, repr=False)
     _planner: CostAwarePlanner | None = field(default=None, repr=False)
@@ -103,7 +109,8 @@ class VerificationPolicy:
         if self.name == "auto":
             memory = memory_for(self.memory_key, self.block_size) if self.memory_key is not None else None
             tracker = AcceptanceTracker(self.block_size, memory or AcceptanceMemory.empty(self.block_size))
-            self._planner = CostAwarePlanner(tracker, self.step_curve, self.draft_curve)
+            self._planner = CostAwarePlanner(tracker, self.step_curve, self.draft_curve,
+                                             measured_costs=self.measured_costs)
 
     def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
         """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them."""
@@ -114,6 +121,11 @@ class VerificationPolicy:
         """What verification kept this round (all active rows, ℓ = 0 for those that did not draft)."""
         if self._planner is not None:
             self._planner.tracker.observe(rows, verify_len, accepted)
+
+    def observe_round(self, record: RoundRecord) -> None:
+        """A finished round's wall times ("auto" corrects its cost curves with them)."""
+        if self._planner is not None:
+            self._planner.observe_round(record)
 
     def forget(self, rows: list[Any]) -> None:
         """Rows (ids) that left the batch."""
@@ -209,4 +221,5 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
         step_curve=step_curve,
         draft_curve=draft_curve,
         memory_key=drafter,
+        measured_costs=_attr_or(generation_config, "dspark_measured_costs", True),
     )

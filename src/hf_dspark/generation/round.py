@@ -181,6 +181,8 @@ class RoundKernel:
         batch.anchor = result.next_token
         record.verify_len, record.accepted = verify_len.tolist(), accepted.tolist()
         record.verify_seconds = time.perf_counter() - drafted
+        if self.drafter is not None:
+            self.policy.observe_round(record)
         for observer in self.observers:
             observer.on_round(record)
         return record

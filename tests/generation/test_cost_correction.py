@@ -1,0 +1,119 @@
+"""The "auto" policy's measured-cost correction: the running averages, and decisions that follow measured costs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker, memory_for
+from hf_dspark.generation.cost_correction import CostCorrection
+from hf_dspark.generation.cost_policy import CostAwarePlanner
+from hf_dspark.generation.round import RoundRecord
+from hf_dspark.scheduler import StepCurve
+from tests.helpers import make_drafter, make_target, ragged_prompts
+
+GAMMA = 4
+ONE_SECOND = StepCurve([1, 4096], [1.0, 1.0])  # a verification forward: 1 s for any B
+HALF_SECOND = StepCurve([1, 4096], [2.0, 2.0])  # a proposal: 0.5 s for any number of rows
+
+
+def test_first_rounds_average_with_the_prior_then_a_moving_average():
+    costs = CostCorrection(weight=0.1, prior_rounds=2)
+    costs.observe(False, measured_seconds=4.0, predicted_seconds=1.0)
+    assert costs.plain == pytest.approx(4.0 ** (1 / 3))  # one round against two pseudo-rounds at f = 1
+    for _ in range(200):
+        costs.observe(False, 2.0, 1.0)
+    assert costs.plain == pytest.approx(2.0, rel=1e-6)
+    costs.observe(False, 4.0, 1.0)  # now an exponential moving average with weight 0.1
+    assert math.log(costs.plain) == pytest.approx(math.log(2.0) + 0.1 * math.log(2.0), rel=1e-6)
+
+
+def test_a_uniformly_slower_machine_leaves_drafting_relatively_unchanged():
+    costs = CostCorrection()
+    for _ in range(200):
+        costs.observe(False, 3.0, 1.0)
+        costs.observe(True, 6.0, 2.0)
+    assert costs.plain == pytest.approx(3.0, rel=1e-3)
+    assert costs.drafting == pytest.approx(3.0, rel=1e-3)
+    assert costs.log_relative == pytest.approx(0.0, abs=1e-3)
+
+
+def test_outliers_are_clipped_and_nonsense_is_ignored():
+    costs = CostCorrection(limit=4.0, prior_rounds=0)
+    costs.observe(False, 1e6, 1.0)
+    assert costs.plain == pytest.approx(4.0)
+    for measured, predicted in ((0.0, 1.0), (1.0, 0.0), (float("nan"), 1.0), (float("inf"), 1.0), (-1.0, 1.0)):
+        costs.observe(True, measured, predicted)
+    assert costs.drafting_rounds == 0 and costs.plain_rounds == 1
+
+
+@pytest.mark.parametrize("bad", [{"weight": 0.0}, {"weight": 1.5}, {"prior_rounds": -1}, {"limit": 1.0}])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError, match="CostCorrection needs"):
+        CostCorrection(**bad)
+
+
+def _planner(measured_costs: bool = True) -> CostAwarePlanner:
+    memory = AcceptanceMemory.empty(GAMMA)
+    memory.trials = torch.tensor([1000.0, 500.0, 250.0, 125.0], dtype=torch.float64)
+    memory.successes = memory.trials / 2  # q = 0.5 at every position: E = 1.94 tokens per row at L = 4
+    return CostAwarePlanner(AcceptanceTracker(GAMMA, memory), ONE_SECOND, HALF_SECOND, measured_costs=measured_costs)
+
+
+def _record(drafted: int, seconds: float, draft_seconds: float = 0.0) -> RoundRecord:
+    length = GAMMA if drafted else 0
+    return RoundRecord(["a", "b"], [length, length], [1, 1], [2, 2], drafted=drafted, verify_seconds=seconds,
+                       draft_seconds=draft_seconds)
+
+
+def test_drafting_that_costs_more_than_the_curves_say_is_declined():
+    planner = _planner()
+    cap = torch.tensor([GAMMA, GAMMA])
+    # By the curves: drafting 2·1.94 tokens / 1.5 s = 2.58 tok/s beats plain 2 tok/s.
+    assert planner.plan(["a", "b"], cap).drafts
+    for _ in range(30):  # measured: drafting rounds take 3 s (2× the curves), plain rounds 1 s as predicted
+        planner.observe_round(_record(0, 1.0))
+        planner.observe_round(_record(2, 2.0, 1.0))
+    assert planner.tracker.memory.costs.drafting == pytest.approx(2.0, rel=0.05)
+    assert not planner.plan(["a", "b"], cap).drafts
+
+
+def test_plain_rounds_dearer_than_the_curves_make_drafting_pay():
+    planner = _planner()
+    planner.tracker.memory.successes = planner.tracker.memory.trials * 0.3  # E = 1.42 at L = 4: not worth 1.5 s
+    cap = torch.tensor([GAMMA, GAMMA])
+    assert not planner.plan(["a", "b"], cap).drafts
+    for _ in range(10):  # plain rounds 1.5 s (curve: 1 s), drafting rounds 1.5 s as predicted
+        planner.observe_round(_record(0, 1.5))
+        planner.observe_round(_record(2, 1.0, 0.5))
+    assert planner.plan(["a", "b"], cap).drafts
+
+
+def test_measured_costs_off_keeps_the_curves():
+    planner = _planner(measured_costs=False)
+    for _ in range(10):
+        planner.observe_round(_record(2, 20.0, 10.0))
+    assert planner.tracker.memory.costs.drafting_rounds == 0
+    assert planner.plan(["a", "b"], torch.tensor([GAMMA, GAMMA])).drafts
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("llama", seed=5, eos_token_id=None)
+
+
+@pytest.mark.parametrize("measured", [True, False])
+def test_generate_feeds_every_round_to_the_correction_and_stays_identical(target, measured):
+    drafter = make_drafter(target, block_size=GAMMA, seed=3)
+    ids, mask = ragged_prompts(2, seed=4)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
+    config = GenerationConfig(do_sample=False, max_new_tokens=24, dspark_policy="auto", dspark_step_curve=ONE_SECOND,
+                              dspark_draft_curve=HALF_SECOND, dspark_measured_costs=measured)
+    output = target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config)
+    assert torch.equal(output, reference)
+    costs = memory_for(drafter, GAMMA).costs
+    rounds = drafter.last_generation_stats.rounds
+    assert costs.plain_rounds + costs.drafting_rounds == (rounds if measured else 0)
