@@ -29,11 +29,18 @@ from hf_dspark.modeling_dspark import DSparkDrafter
 
 TRAIN_DATA = "data/train_regenerated/ (smollm2_135m_instruct.jsonl + smollm2_135m_instruct_more.jsonl)"
 HEAD_FLAGS = {"dspark": "--head_type markov", "dflash": "--head_type none --confidence_with_markov false"}
+# Earlier stages of the shipped drafters, oldest first (the last stage is described from its checkpoint).
+EARLIER_STAGES = [
+    "v1: 700 steps × 4 sequences × 16 anchor blocks on the first 2,200 prompts (fp32)",
+    "v2: warm start from v1, 400 steps × 2 sequences with dense anchors (every reply position anchors a block), "
+    "bf16 autocast, an 8,192-token draft vocabulary, lr 3e-4 cosine",
+    "v3: warm start from v2, 1,200 steps × 2 sequences, the v2 recipe at peak lr 5e-4 cosine, data order seed 1",
+]
 TITLES = {"dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
           "dflash": "DFlash-style baseline drafter for SmolLM2-135M-Instruct (hf-dspark)"}
 
 
-def reproduce_block(variant: str, args, limit: int) -> str:
+def reproduce_block(variant: str, args, limit: int, init: str | None = None) -> str:
     """The exact commands that produced the shipped folder (training, export, calibration, eval).
 
     `args`: the checkpoint's `TrainingArguments` (steps, LR, seeds of the last warm-started stage).
@@ -42,12 +49,13 @@ def reproduce_block(variant: str, args, limit: int) -> str:
     folder = f"src/hf_dspark/resources/drafters/smollm2-135m-instruct-{variant}"
     sets = "data/eval/gsm8k.jsonl data/eval/humaneval.jsonl data/eval/mt-bench.jsonl"
     steps, lr, seed = args.max_steps, f"{args.learning_rate:g}", args.seed
+    init = init or folder
     return f"""```bash
-# the last stage: warm start from the previously shipped drafter (earlier stages: the git history of this
-# folder), 1 CPU thread, online bf16 target features, dense anchors, 8,192-token draft vocabulary,
-# {steps} cosine steps at peak lr {lr}; the validation split stays the one of seed 0
+# the last stage: warm start from the previous stage ({init}; earlier stages: the git history of this
+# folder and scripts/train_default.sh), 1 CPU thread, online bf16 target features, dense anchors, 8,192-token
+# draft vocabulary, {steps} cosine steps at peak lr {lr}; the validation split stays the one of seed 0
 OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --output_dir {out} \\
-  --resume_from_checkpoint auto --init_drafter {folder} --target_dtype bfloat16 --bf16 True --use_cpu True \\
+  --resume_from_checkpoint auto --init_drafter {init} --target_dtype bfloat16 --bf16 True --use_cpu True \\
   --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps {steps} \\
   --learning_rate {lr} --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \\
   --validation_fraction 0.004 --eval_strategy steps --eval_steps {args.eval_steps} --per_device_eval_batch_size 4 \\
@@ -96,7 +104,7 @@ def calibration_notes(folder: Path) -> str:
     return "Calibration (held-out training prompts, `calibration.json`):\n" + "\n".join(lines)
 
 
-def budget_text(checkpoint: Path, cpu_hours: float | None) -> tuple[str, object]:
+def budget_text(checkpoint: Path, cpu_hours: float | None, stage: str) -> tuple[str, object]:
     """The training history in one paragraph, and the last stage's `TrainingArguments`."""
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     args = torch.load(checkpoint / "training_args.bin", weights_only=False)
@@ -105,9 +113,11 @@ def budget_text(checkpoint: Path, cpu_hours: float | None) -> tuple[str, object]
     last = [h for h in state["log_history"] if "tau_est" in h][-1]
     held_out = [h for h in state["log_history"] if "eval_tau_est" in h]
     compute = f"{cpu_hours:.1f} CPU-hours in all stages" if cpu_hours else "compute not recorded"
-    text = (f"v1: 700 steps × 4 sequences × 16 anchor blocks on the first 2,200 prompts (fp32). v2: warm start, 400 "
-            "steps × 2 sequences with dense anchors (every reply position anchors a block), bf16 autocast, an "
-            f"8,192-token draft vocabulary, lr 3e-4 cosine. This stage: warm start from v2, {steps} steps × {batch} "
+    number = int(stage.lstrip("v"))
+    earlier = [text for text in EARLIER_STAGES if int(text.split(":")[0].lstrip("v")) < number]
+    previous = earlier[-1].split(":")[0] if earlier else "scratch"
+    text = (". ".join(earlier) + (". " if earlier else "") + f"{stage} (this stage): warm start from {previous}, "
+            f"{steps} steps × {batch} "
             f"sequences, the same recipe at peak lr {args.learning_rate:g} cosine, data order seed {args.seed} "
             f"({epochs:.3f} epochs of 9,000 sequences); {compute}. Training-batch τ estimate (T = 1) at the end: "
             f"{last['tau_est']:.2f}")
@@ -129,7 +139,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_card(args: argparse.Namespace) -> None:
     folder = default_drafter_dir(args.variant)
     drafter = DSparkDrafter.from_pretrained(folder)
-    budget, train_args = budget_text(Path(args.checkpoint), args.cpu_hours)
+    budget, train_args = budget_text(Path(args.checkpoint), args.cpu_hours, args.stage)
     limits = {json.loads(Path(path).read_text())["config"]["limit"] for path in args.eval}
     if len(limits) != 1 or None in limits:
         raise SystemExit(f"the eval reports must share one --limit (they have {sorted(map(str, limits))})")
@@ -149,7 +159,7 @@ output = target.generate(**inputs, assistant_model=drafter, max_new_tokens=128)
                      training_data=f"{TRAIN_DATA} (9,036 prompts from gsm8k train, Code Alpaca, ShareGPT; replies "
                      "regenerated by the target, see data/README.md; 0.4% held out)", budget=budget,
                      tau_table=tau_rows(args.variant, args.eval), notes=notes,
-                     reproduce=reproduce_block(args.variant, train_args, limit), usage=usage)
+                     reproduce=reproduce_block(args.variant, train_args, limit, args.init), usage=usage)
     print(f"wrote {folder / 'README.md'}")
 
 
@@ -165,6 +175,10 @@ def main() -> None:
         else:
             p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
             p.add_argument("--cpu-hours", type=float, default=None, help="training compute in all stages")
+            p.add_argument("--stage", default="v4", help="the checkpoint's stage, 'v' and a number (v2, v3, v4, ...)")
+            p.add_argument("--init", default=None,
+                           help="what the stage warm-started from, as passed to --init_drafter (default: the shipped "
+                                "folder)")
     args = parser.parse_args()
     cmd_export(args) if args.command == "export" else cmd_card(args)
 
