@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,22 @@ def test_bench_speed_validates_before_loading(prompt_file, capsys, no_model_load
     assert "--sets: no such file(s): missing.jsonl" in err
     err = _usage_error(["bench", "speed", "--sets", prompt_file, "--scheduler", "lagged_paded"], capsys)
     assert "--scheduler 'lagged_paded' is not a dspark_policy" in err
+
+
+@pytest.mark.parametrize("command", ["speed", "serve"])
+def test_bench_out_refuses_a_file_that_is_not_its_report(command, prompt_file, capsys, no_model_load, monkeypatch):
+    before = Path(prompt_file).read_text()
+    err = _usage_error(["bench", command, "--sets", prompt_file, "--out", prompt_file], capsys)
+    assert err.startswith(f"usage: hf-dspark bench {command}")
+    assert f"--out {prompt_file} exists and is not an hf-dspark bench {command} report" in err
+    assert "pass --overwrite to replace it" in err
+    assert Path(prompt_file).read_text() == before
+    import torch
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)  # keep this process's thread count
+    with pytest.raises(AssertionError, match="the target was loaded"):  # --overwrite: validation passes
+        main(["bench", command, "--sets", prompt_file, "--out", prompt_file, "--overwrite"])
+    assert Path(prompt_file).read_text() == before
 
 
 @pytest.mark.parametrize(

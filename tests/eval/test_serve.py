@@ -39,6 +39,7 @@ def test_serve_benchmark_covers_every_policy_and_level(tmp_path):
     assert len(saved["runs"]) == 2 * len(rows) and all(row["passes"] == 2 for row in rows.values())
     assert all(0 <= rows[("auto", c)]["drafted_round_fraction"] <= 1 for c in (1, 3))
     assert (tmp_path / "serve_frontier.png").stat().st_size > 0 and (tmp_path / "serve_budget.png").is_file()
+    ServeConfig(out=str(tmp_path / "serve.json"))  # a rerun may replace its own report
 
 
 def test_unknown_policy_is_refused():
@@ -46,3 +47,22 @@ def test_unknown_policy_is_refused():
         ServeConfig(policies=["fixed", "fastest"])
     with pytest.raises(ValueError, match=">= 1"):
         ServeConfig(concurrency=[0])
+
+
+def test_out_may_only_replace_an_earlier_serve_report(tmp_path):
+    prompts = tmp_path / "gsm8k.jsonl"
+    prompts.write_text(json.dumps({"turns": ["hi"]}) + "\n")
+    with pytest.raises(ValueError, match=r"gsm8k\.jsonl exists and is not an hf-dspark bench serve report; choose "
+                       r"another path or pass --overwrite"):
+        ServeConfig(out=str(prompts))
+    assert prompts.read_text() == json.dumps({"turns": ["hi"]}) + "\n"
+    ServeConfig(out=str(prompts), overwrite=True)
+    speed_report = tmp_path / "speed.json"  # another benchmark's report is not a serve report
+    speed_report.write_text(json.dumps({"config": {}, "torch_threads": 1, "cpu_count": 2, "results": {}, "runs": []}))
+    with pytest.raises(ValueError, match="not an hf-dspark bench serve report"):
+        ServeConfig(out=str(speed_report))
+    earlier = tmp_path / "serve.json"  # reports written before `runs` was added are serve reports too
+    earlier.write_text(json.dumps({"config": {}, "drafter": "x", "block_size": 7, "torch_threads": 2, "results": []}))
+    ServeConfig(out=str(earlier))
+    with pytest.raises(ValueError, match="is a folder"):
+        ServeConfig(out=str(tmp_path), overwrite=True)

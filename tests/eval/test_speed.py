@@ -1,6 +1,7 @@
 """`hf-dspark bench speed` on tiny random models: every method runs, stays lossless, and the report is complete."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -38,6 +39,7 @@ def test_speed_benchmark_runs_every_method_losslessly(target, chat_tokenizer, pr
     saved = json.loads((tmp_path / "speed.json").read_text())
     assert saved["results"] == json.loads(json.dumps(report["results"]))
     assert (tmp_path / "speed.png").stat().st_size > 0
+    SpeedConfig(prompt_files=prompt_sets, out=str(tmp_path / "speed.json"))  # a rerun may replace its own report
 
 
 def test_scheduler_method_is_skipped_without_confidence_head(target, chat_tokenizer, prompt_sets, tmp_path):
@@ -53,3 +55,21 @@ def test_bad_speed_config_is_refused(prompt_sets, tmp_path):
         SpeedConfig(prompt_files=prompt_sets, repeats=0)
     with pytest.raises(ValueError, match=r"missing\.jsonl does not exist"):
         SpeedConfig(prompt_files=[str(tmp_path / "missing.jsonl")])
+
+
+def test_out_may_only_replace_an_earlier_speed_report(prompt_sets, tmp_path):
+    before = Path(prompt_sets[0]).read_text()
+    with pytest.raises(ValueError, match=r"gsm8k\.jsonl exists and is not an hf-dspark bench speed report; choose "
+                       r"another path or pass --overwrite"):
+        SpeedConfig(prompt_files=prompt_sets, out=prompt_sets[0])
+    assert Path(prompt_sets[0]).read_text() == before
+    SpeedConfig(prompt_files=prompt_sets, out=prompt_sets[0], overwrite=True)
+    serve_report = tmp_path / "serve.json"  # another benchmark's report is not a speed report
+    serve_report.write_text(json.dumps({"config": {}, "drafter": "x", "block_size": 7, "results": [], "runs": []}))
+    with pytest.raises(ValueError, match="not an hf-dspark bench speed report"):
+        SpeedConfig(prompt_files=prompt_sets, out=str(serve_report))
+    earlier = tmp_path / "speed.json"
+    earlier.write_text(json.dumps({"config": {}, "torch_threads": 1, "cpu_count": 2, "results": {}, "runs": []}))
+    SpeedConfig(prompt_files=prompt_sets, out=str(earlier))
+    with pytest.raises(ValueError, match="is a folder"):
+        SpeedConfig(prompt_files=prompt_sets, out=str(tmp_path), overwrite=True)

@@ -44,7 +44,8 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     try:
         config = SpeedConfig(prompt_files=args.sets, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              repeats=args.repeats, block_sizes=args.block_sizes, threads=args.threads,
-                             drafter=args.drafter, baseline=args.baseline, scheduler=scheduler, out=args.out)
+                             drafter=args.drafter, baseline=args.baseline, scheduler=scheduler, out=args.out,
+                             overwrite=args.overwrite)
     except ValueError as error:
         args.parser.error(str(error))
     torch.set_num_threads(args.threads)
@@ -92,7 +93,8 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     try:
         config = ServeConfig(concurrency=args.concurrency, policies=args.policies, requests_per_level=args.requests,
                              max_new_tokens=args.max_new_tokens, arrival_rate=args.arrival_rate,
-                             threshold=args.threshold, threads=args.threads, out=args.out)
+                             threshold=args.threshold, threads=args.threads, out=args.out,
+                             overwrite=args.overwrite)
     except ValueError as error:
         args.parser.error(str(error))
     user_turns = _serve_user_turns(args.parser, args.sets, args.prompts_per_set)
@@ -139,6 +141,9 @@ def _add_speed_command(bench) -> None:
                        help="policy of the extra dspark_<policy> run (a dspark_policy value; 'none' skips it)")
     speed.add_argument("--no-drafter", action="store_true", help="only plain, prompt lookup and the oracle")
     speed.add_argument("--out", default="benchmarks/results/speed.json", help="JSON report (a PNG goes beside it)")
+    speed.add_argument("--overwrite", action="store_true",
+                       help="replace an existing --out that is not a bench speed report (an earlier speed report is "
+                       "replaced without it)")
     speed.set_defaults(func=cmd_bench_speed, parser=speed)
 
 
@@ -167,6 +172,9 @@ def _add_serve_command(bench) -> None:
     serve.add_argument("--oracle", action="store_true", help="serve with the oracle drafter (ceiling)")
     add_runtime_arguments(serve, threads=2)
     serve.add_argument("--out", default="benchmarks/results/serve.json", help="JSON report (PNGs go beside it)")
+    serve.add_argument("--overwrite", action="store_true",
+                       help="replace an existing --out that is not a bench serve report (an earlier serve report is "
+                       "replaced without it)")
     serve.set_defaults(func=cmd_bench_serve, parser=serve)
 
 

@@ -12,7 +12,6 @@ records into the JSON report and `plots` draws the figures.
 from __future__ import annotations
 
 import copy
-import json
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from transformers.utils import logging
 
+from ..io_utils import check_replaceable
 from ..modeling_dspark import DSparkDrafter
 from .prompt_lookup import prompt_lookup_for
 from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names
@@ -31,6 +31,7 @@ from .work_file import WorkFile, drafter_identity, target_identity
 logger = logging.get_logger(__name__)
 
 PROMPT_LOOKUP = "prompt_lookup"
+EVAL_REPORT_KEYS = ("config", "table")  # keys of every `hf-dspark eval` report (`build_report`)
 
 
 @dataclass
@@ -81,11 +82,7 @@ class EvalConfig:
             raise ValueError(f"--out {self.out} is a folder; give the report's file path, e.g. {self.out}/eval.json.")
         check_output_path(self.out, self.sets)
         check_output_path(self.work_path, self.sets, what="the work file of --out")
-        if not self.overwrite and Path(self.out).exists() and not _is_eval_report(Path(self.out)):
-            raise ValueError(
-                f"--out {self.out} exists and is not an hf-dspark eval report; choose another path or pass "
-                "--overwrite to replace it."
-            )
+        check_replaceable(self.out, EVAL_REPORT_KEYS, "an hf-dspark eval report", self.overwrite)
 
     @property
     def greedy(self) -> bool:
@@ -99,14 +96,6 @@ class EvalConfig:
     @property
     def work_path(self) -> Path:
         return Path(self.out).with_suffix(".work.jsonl")
-
-
-def _is_eval_report(path: Path) -> bool:
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(report, dict) and {"config", "table"} <= set(report)
 
 
 @dataclass

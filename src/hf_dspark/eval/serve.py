@@ -20,9 +20,10 @@ from tqdm.auto import tqdm
 
 from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
-from ..io_utils import write_json_atomic
+from ..io_utils import check_replaceable, write_json_atomic
 
 POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler", "auto")
+SERVE_REPORT_KEYS = ("config", "drafter", "block_size", "results")  # of every serve report, older ones included
 
 
 @dataclass
@@ -41,7 +42,9 @@ class ServeConfig:
         policy); a (policy, C) result is the median over passes and its ratio to plain the median of the per-pass
         ratios, which a shared machine's load drifts disturb less than one long pass.
     seed: prompt order and arrivals.
-    out: JSON path (PNGs beside it).
+    out: JSON path (PNGs beside it). An existing file there must be an earlier serve report (it is replaced) unless
+        `overwrite`.
+    overwrite: replace an existing `out` that is not an `hf-dspark bench serve` report.
     """
 
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
@@ -54,6 +57,7 @@ class ServeConfig:
     repeats: int = 1
     seed: int = 0
     out: str = "benchmarks/results/serve.json"
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.policies if p not in POLICY_NAMES]
@@ -61,6 +65,7 @@ class ServeConfig:
             raise ValueError(f"unknown policies {unknown}; choose from {POLICY_NAMES}")
         if any(c < 1 for c in self.concurrency) or self.requests_per_level < 1 or self.repeats < 1:
             raise ValueError("concurrency levels, requests_per_level and repeats must be >= 1")
+        check_replaceable(self.out, SERVE_REPORT_KEYS, "an hf-dspark bench serve report", self.overwrite)
 
 
 def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_curve=None,

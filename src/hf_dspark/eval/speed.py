@@ -17,11 +17,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
-from ..io_utils import write_json_atomic
+from ..io_utils import check_replaceable, write_json_atomic
 from .oracle import oracle_for
 from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
 
 logger = logging.get_logger(__name__)
+
+SPEED_REPORT_KEYS = ("config", "cpu_count", "results", "runs")  # of every speed report (`summarise`), no serve report
 
 
 @dataclass
@@ -41,7 +43,9 @@ class SpeedConfig:
     auto: also run the cost-aware policy (`dspark_auto`, and `oracle_g<γ>_auto` beside every oracle).
     untrained: also run an untrained drafter of the trained one's architecture, fixed ℓ = γ and auto
         (`untrained`, `untrained_auto`): the worst case a default policy must survive.
-    out: JSON result path (a PNG plot is written beside it).
+    out: JSON result path (a PNG plot is written beside it). An existing file there must be an earlier speed report
+        (it is replaced) unless `overwrite`.
+    overwrite: replace an existing `out` that is not an `hf-dspark bench speed` report.
     """
 
     prompt_files: list[str] = field(default_factory=list)
@@ -57,11 +61,13 @@ class SpeedConfig:
     auto: bool = True
     untrained: bool = False
     out: str = "benchmarks/results/speed.json"
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         check_prompt_files(self.prompt_files)
         if self.num_prompts < 1 or self.repeats < 1 or self.max_new_tokens < 1:
             raise ValueError("num_prompts, repeats and max_new_tokens must be >= 1")
+        check_replaceable(self.out, SPEED_REPORT_KEYS, "an hf-dspark bench speed report", self.overwrite)
 
 
 def timed(fn) -> tuple[float, torch.Tensor]:
