@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
+from .generation.attention import packed_gqa_attention
 from .step_curve import StepCurve
 
 logger = logging.get_logger(__name__)
@@ -163,7 +164,8 @@ def _time_forward(target, cache: DynamicCache, inputs: dict, taps: list[int]) ->
     sync = torch.cuda.synchronize if inputs["input_ids"].device.type == "cuda" else (lambda: None)
     sync()
     start = time.perf_counter()
-    out = target(**inputs, cache=cache, use_cache=True, output_hidden_states=taps, logits_to_keep=0)
+    with packed_gqa_attention(target):  # as the loop's verification forward (generation/target_cache.py)
+        out = target(**inputs, cache=cache, use_cache=True, output_hidden_states=taps, logits_to_keep=0)
     out.logits.float()  # the loop converts verification logits to fp32
     sync()
     elapsed = time.perf_counter() - start

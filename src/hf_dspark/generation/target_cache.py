@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, get_layer_types_and_kwargs
 
+from .attention import packed_gqa_attention
+
 MASKABLE_LAYERS = ("full_attention", "sliding_attention")
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")
 
@@ -165,10 +167,11 @@ class RaggedTargetCache:
         if self.layout is not None and self.layout.needs_masks:
             dtype = model.get_input_embeddings().weight.dtype
             mask = verification_masks(self.layout, mask.bool(), self.positions, positions, dtype)
-        out = model(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
-            output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),
-        )
+        with packed_gqa_attention(model):  # no KV copy per layer for grouped-query attention (attention.py)
+            out = model(
+                input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
+                output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),
+            )
         self.cache = out.cache
         # Until `commit`, the new slots count as holes.
         self.valid = torch.cat([self.valid, torch.zeros_like(input_valid, dtype=torch.bool)], dim=1)

@@ -1,0 +1,88 @@
+"""Packed grouped-query attention for multi-token verification: same numbers as transformers' SDPA, no KV copy."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from hf_dspark.generation.attention import PACKED_SDPA, packed_gqa_attention, packed_gqa_sdpa
+from tests.helpers import make_target, ragged_prompts
+
+
+def _inputs(dtype, batch=3, heads=6, kv_heads=2, steps=5, width=23, additive=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, heads, steps, 16, generator=gen).to(dtype)
+    key = torch.randn(batch, kv_heads, width, 16, generator=gen).to(dtype)
+    value = torch.randn(batch, kv_heads, width, 16, generator=gen).to(dtype)
+    mask = torch.rand(batch, 1, steps, width, generator=gen) > 0.3
+    mask[..., -1] = True
+    if additive:
+        mask = torch.where(mask, torch.zeros((), dtype=dtype), torch.finfo(dtype).min)
+    module = types.SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True)
+    return module, query, key, value, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("additive", [False, True])
+def test_packed_equals_transformers_sdpa_bit_for_bit(dtype, additive):
+    module, query, key, value, mask = _inputs(dtype, additive=additive)
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    got, _ = packed_gqa_sdpa(module, query, key, value, mask, scaling=0.25)
+    assert got.shape == expected.shape == (3, 5, 6, 16)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("case", ["one_token", "no_mask", "per_head_mask", "no_gqa"])
+def test_other_cases_go_to_transformers_sdpa(case):
+    module, query, key, value, mask = _inputs(torch.float32)
+    if case == "one_token":
+        query, mask = query[:, :, :1], mask[:, :, :1]
+    elif case == "no_mask":
+        mask = None
+    elif case == "per_head_mask":
+        mask = mask.expand(-1, 6, -1, -1)
+    else:
+        key, value = key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1)
+        module.num_key_value_groups = 1
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask)
+    got, _ = packed_gqa_sdpa(module, query, key, value, mask)
+    assert torch.equal(got, expected)
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("llama", seed=2, eos_token_id=None)  # 4 query heads, 2 KV heads: GQA
+
+
+def test_a_verification_forward_inside_gives_the_same_logits_and_restores_the_config(target):
+    ids, mask = ragged_prompts(3, seed=1)
+    prefix = target(input_ids=ids, attention_mask=mask, use_cache=True)
+    new = torch.randint(3, 90, (3, 4))
+    full_mask = torch.cat([mask, torch.ones(3, 4, dtype=mask.dtype)], dim=1)
+    caches = [type(prefix.cache)() for _ in range(2)]
+    for cache in caches:
+        target(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+    expected = target(input_ids=new, attention_mask=full_mask, cache=caches[0], use_cache=True).logits
+    with packed_gqa_attention(target):
+        assert target.config._attn_implementation == PACKED_SDPA
+        got = target(input_ids=new, attention_mask=full_mask, cache=caches[1], use_cache=True).logits
+    assert target.config._attn_implementation == "sdpa"
+    assert torch.equal(got, expected)
+
+
+def test_the_config_is_restored_after_an_error(target):
+    with pytest.raises(RuntimeError, match="boom"), packed_gqa_attention(target):
+        raise RuntimeError("boom")
+    assert target.config._attn_implementation == "sdpa"
+
+
+@pytest.mark.parametrize("overrides", [{"attn_implementation": "eager"}, {"num_key_value_heads": 4}])
+def test_eager_or_no_gqa_targets_are_left_alone(overrides):
+    model = make_target("llama", seed=3, **overrides)
+    before = model.config._attn_implementation
+    with packed_gqa_attention(model):
+        assert model.config._attn_implementation == before
+    assert model.config._attn_implementation == before
