@@ -70,9 +70,10 @@ class CostCorrection:
         """f_plain · f_rel: measured ÷ predicted seconds of drafting rounds (drafter + verification)."""
         return math.exp(self.log_plain + self.log_relative)
 
-    def key(self, resolution: float = 0.05) -> tuple[int, int]:
-        """The factors rounded to `resolution` in log space (cached decisions key on it)."""
-        return round(self.log_plain / resolution), round(self.log_relative / resolution)
+    def key(self, resolution: float = 0.05) -> int:
+        """f_rel rounded to `resolution` in log space, what cached decisions key on (f_plain scales plain and
+        drafting rounds alike, so it cancels out of every comparison the planner makes)."""
+        return round(self.log_relative / resolution)
 
 
 def running_log_mean(current: float, value: float, seen: int, correction: CostCorrection) -> float:
