@@ -26,7 +26,8 @@ from .processors import RowProcessors
 
 @runtime_checkable
 class DraftModel(Protocol):
-    """What the round kernel needs from a drafter (see the module docstring)."""
+    """What the round kernel needs from a drafter (see the module docstring). Optional: `reads_features` (default
+    True; False: `extend_context` gets None instead of tapped target features)."""
 
     config: Any
 
@@ -43,7 +44,10 @@ def is_draft_model(obj: Any) -> bool:
 
 
 def feature_layers(drafter: DraftModel) -> list[int]:
-    """`output_hidden_states` indices the drafter reads (layer i's output is hidden_states[i + 1])."""
+    """`output_hidden_states` indices the drafter reads (layer i's output is hidden_states[i + 1]); none for a
+    drafter whose `reads_features` is False (model-free drafters: the target then returns no hidden states)."""
+    if not getattr(drafter, "reads_features", True):
+        return []
     return [i + 1 for i in (getattr(drafter.config, "target_layer_ids", None) or [])]
 
 
@@ -91,13 +95,15 @@ class ContextLengths:
 
 class ModelFreeDrafter:
     """Base of drafters without a network (oracle, prompt lookup): a `DSparkConfig`-like `config`, a
-    `ContextLengths` cache that only counts committed tokens, and no cost curve (`draft_curve = None`).
+    `ContextLengths` cache that only counts committed tokens, no cost curve (`draft_curve = None`) and no target
+    features (`reads_features = False`: the target's forwards skip the hidden states).
 
     Subclasses implement `propose`. `generate(assistant_model=drafter)` works once the target is DSpark-enabled
     (`hf_dspark.enable(target)`).
     """
 
     draft_curve = None
+    reads_features = False
 
     def __init__(self, config: Any) -> None:
         self.config = config
