@@ -180,9 +180,11 @@ class RoundKernel:
             self.policy.observe(batch.rows, verify_len, accepted)
         batch.anchor = result.next_token
         record.verify_len, record.accepted = verify_len.tolist(), accepted.tolist()
-        record.verify_seconds = time.perf_counter() - drafted
+        finished = time.perf_counter()
+        record.verify_seconds = finished - drafted
         if self.drafter is not None:
-            self.policy.observe_round(record)
+            self.policy.observe_round(record)  # the cost correction: policy time too
+            record.policy_seconds += time.perf_counter() - finished
         for observer in self.observers:
             observer.on_round(record)
         return record
