@@ -157,10 +157,13 @@ def plot(report: dict, path: Path) -> None:
     FigureCanvasAgg(fig)
     tau_ax, acc_ax = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     colors: dict[str, str] = {}
+    stages: dict[str, int] = {}
+    styles = ["o-", "s--", "^-.", "D:", "v-"]
     for name, points in report["runs"].items():
         family = name.split()[0]  # "dspark v3" continues "dspark": same colour, its own marker and line style
         color = colors.setdefault(family, f"C{len(colors)}")
-        style = "o-" if name == family else "s--"
+        stages[family] = stages.get(family, -1) + 1
+        style = styles[stages[family] % len(styles)]
         hours = [p["cpu_hours"] for p in points]
         tau_ax.plot(hours, [p["tau"] for p in points], style, color=color, label=name)
         acc_ax.plot(hours, [p["acc_rate_k1"] for p in points], style, color=color, label=name)

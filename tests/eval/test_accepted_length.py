@@ -136,6 +136,8 @@ def test_multi_turn_plays_turn_two_after_the_turn_one_answer(target, prompt_sets
         assert turn_two[row, -expected.shape[0] :].tolist() == expected.tolist()
     assert report["sets"]["mt-bench"]["domain"] == "chat"
     assert report["table"]["dspark"]["sets"]["mt-bench"]["turns"] == 4
+    assert "length_sweep" not in report["figures"]  # no γ swept: no empty figure
+    assert not list(tmp_path.rglob("*_length_sweep.png"))
 
 
 def test_cli_smoke_writes_json_and_figures(target, prompt_sets, chat_tokenizer, tmp_path, monkeypatch, capsys):

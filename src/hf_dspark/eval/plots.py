@@ -150,10 +150,11 @@ def write_figures(report: dict, json_path: Path, reliability: dict) -> dict[str,
     figures = {
         "accepted_length": plot_accepted_length(report, Path(f"{stem}_accepted_length.png")),
         "position_acceptance": plot_position_acceptance(report, Path(f"{stem}_position_acceptance.png")),
-        "length_sweep": plot_length_sweep(report, Path(f"{stem}_length_sweep.png")),
         "threshold_sweep": plot_threshold_sweep(report, Path(f"{stem}_threshold_sweep.png")),
         "calibration": plot_calibration(report, Path(f"{stem}_calibration.png")),
     }
+    if report["length_sweep"]["results"]:  # `--sweep` with no γ: no empty figure
+        figures["length_sweep"] = plot_length_sweep(report, Path(f"{stem}_length_sweep.png"))
     for name, (before, after, labels) in reliability.items():
         path = Path(f"{stem}_reliability_{_slug(name)}.png")
         mode = report["calibration"][name].get("mode")
