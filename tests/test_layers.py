@@ -20,4 +20,4 @@ def test_grouped_attention_equals_attention_over_repeated_heads(dtype, groups):
     mask[..., -1] = True
     expected = F.scaled_dot_product_attention(queries, keys.repeat_interleave(groups, dim=1),
                                               values.repeat_interleave(groups, dim=1), attn_mask=mask[:, None])
-    assert torch.equal(grouped_attention(queries, keys, values, mask, groups), expected)
+    assert torch.equal(grouped_attention(queries, keys, values, mask), expected)

@@ -103,3 +103,22 @@ def residual_distribution(p_target: torch.Tensor, p_draft: torch.Tensor) -> torc
     residual = (p_target - p_draft).clamp_min(0.0)
     total = residual.sum(dim=-1, keepdim=True)
     return torch.where(total > 0, residual / total.clamp_min(1e-30), p_target)
+
+
+def grouped_query_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                            scale: float | None = None) -> torch.Tensor:
+    """Eq. (3)'s attention (and the target's verification attention) for grouped-query heads, reading each key/value
+    head once instead of repeating it to every query head.
+
+    queries `[B, H, T, D]`; keys, values `[B, H_kv, K, D]`; mask `[B or 1, 1, T or 1, K]` (bool or additive, shared
+    by all heads). The H / H_kv query heads of a group are stacked along the queries (`[B, H_kv, groups·T, D]`, the
+    mask repeated to match); each output row is the same kernel's result as with repeated keys. Returns `[B, H, T, D]`.
+    """
+    batch, heads, steps, dim = queries.shape
+    groups = heads // keys.shape[1]
+    if groups == 1:
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+    packed = queries.reshape(batch, heads // groups, groups * steps, dim)
+    mask = mask.expand(batch, 1, steps, mask.shape[-1]).repeat(1, 1, groups, 1)
+    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale)
+    return out.reshape(batch, heads, steps, values.shape[-1])

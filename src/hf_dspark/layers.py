@@ -12,12 +12,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from .configuration_dspark import DSparkConfig
+from .functional import grouped_query_attention
 
 
 class DSparkRMSNorm(nn.Module):
@@ -139,25 +139,18 @@ class DSparkAttention(nn.Module):
             return self.o_proj(out)
         keys = torch.cat([ctx_keys.to(block_keys.dtype), block_keys], dim=2)
         values = torch.cat([ctx_values.to(block_values.dtype), block_values], dim=2)
-        out = grouped_attention(queries, keys, values, attn_mask, groups)
+        out = grouped_attention(queries, keys, values, attn_mask)
         out = out.transpose(1, 2).reshape(*hidden.shape[:2], self.num_heads * self.head_dim)
         return self.o_proj(out)
 
 
-def grouped_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                      groups: int) -> torch.Tensor:
-    """Eq. (3)'s attention for grouped-query heads without repeating keys and values to every query head.
+def grouped_attention(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor) -> torch.Tensor:
+    """The drafter's Eq. (3) attention without repeated keys and values (`functional.grouped_query_attention`).
 
-    queries `[B, H, Q, hd]`; keys, values `[B, H / groups, K, hd]`; mask bool `[B, Q, K]` (shared by all heads).
-    The `groups` query heads of one key/value head are stacked along the queries (`[B, H / groups, groups·Q, hd]`,
-    the mask repeated to match), so one attention call reads each key/value head once. Returns `[B, H, Q, hd]`.
+    queries `[B, H, Q, hd]`; keys, values `[B, H_kv, K, hd]`; mask bool `[B, Q, K]`. Returns `[B, H, Q, hd]`.
     """
-    batch, heads, length, head_dim = queries.shape
-    if groups == 1:
-        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask[:, None])
-    packed = queries.reshape(batch, heads // groups, groups * length, head_dim)
-    out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask[:, None].repeat(1, 1, groups, 1))
-    return out.reshape(batch, heads, length, head_dim)
+    return grouped_query_attention(queries, keys, values, mask[:, None])
 
 
 def block_sparse_attention(

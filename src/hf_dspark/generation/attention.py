@@ -24,6 +24,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ..functional import grouped_query_attention
 
 PACKED_SDPA = "dspark_packed_sdpa"
 
@@ -33,10 +36,8 @@ def packed_gqa_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch
                     is_causal: bool | None = None, position_bias: torch.Tensor | None = None, **kwargs):
     """transformers attention function: query `[B, H, T, D]`, key / value `[B, H_kv, K, D]`, mask `[B, 1, T, K]`
     (bool or additive) → (output `[B, T, H, D]`, None). Falls back to transformers' SDPA outside its case."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     groups = getattr(module, "num_key_value_groups", 1)
-    batch, heads, steps, dim = query.shape
+    steps = query.shape[2]
     packable = (
         groups > 1 and steps > 1 and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4
         and attention_mask.shape[1] == 1 and position_bias is None and not dropout
@@ -45,10 +46,8 @@ def packed_gqa_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch
     if not packable:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, position_bias=position_bias, **kwargs)
-    packed_query = query.reshape(batch, heads // groups, groups * steps, dim)
-    mask = attention_mask.expand(batch, 1, steps, attention_mask.shape[-1]).repeat(1, 1, groups, 1)
-    output = torch.nn.functional.scaled_dot_product_attention(packed_query, key, value, attn_mask=mask, scale=scaling)
-    return output.reshape(batch, heads, steps, value.shape[-1]).transpose(1, 2).contiguous(), None
+    output = grouped_query_attention(query, key, value, attention_mask, scale=scaling)
+    return output.transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:
