@@ -113,8 +113,7 @@ def budget_text(checkpoint: Path, cpu_hours: float | None, stage: str) -> tuple[
     last = [h for h in state["log_history"] if "tau_est" in h][-1]
     held_out = [h for h in state["log_history"] if "eval_tau_est" in h]
     compute = f"{cpu_hours:.1f} CPU-hours in all stages" if cpu_hours else "compute not recorded"
-    number = int(stage.lstrip("v"))
-    earlier = [text for text in EARLIER_STAGES if int(text.split(":")[0].lstrip("v")) < number]
+    earlier = [text for text in EARLIER_STAGES if int(text.split(":")[0][1:]) < int(stage[1:])]
     previous = earlier[-1].split(":")[0] if earlier else "scratch"
     text = (". ".join(earlier) + (". " if earlier else "") + f"{stage} (this stage): warm start from {previous}, "
             f"{steps} steps × {batch} "
@@ -124,6 +123,13 @@ def budget_text(checkpoint: Path, cpu_hours: float | None, stage: str) -> tuple[
     if held_out:
         text += f"; held-out (validation split) τ estimate: {held_out[-1]['eval_tau_est']:.3f}"
     return text + ".", args
+
+
+def stage_name(value: str) -> str:
+    """argparse type of --stage: 'v' and a positive number."""
+    if not (value.startswith("v") and value[1:].isdigit() and int(value[1:]) > 0):
+        raise argparse.ArgumentTypeError(f"--stage must be 'v' and a number, e.g. v4; got {value!r}")
+    return value
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -175,7 +181,8 @@ def main() -> None:
         else:
             p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
             p.add_argument("--cpu-hours", type=float, default=None, help="training compute in all stages")
-            p.add_argument("--stage", default="v4", help="the checkpoint's stage, 'v' and a number (v2, v3, v4, ...)")
+            p.add_argument("--stage", default="v4", type=stage_name,
+                           help="the checkpoint's stage, 'v' and a number (v2, v3, v4, ...)")
             p.add_argument("--init", default=None,
                            help="what the stage warm-started from, as passed to --init_drafter (default: the shipped "
                                 "folder)")
