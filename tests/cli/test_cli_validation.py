@@ -36,6 +36,7 @@ def _usage_error(argv: list[str], capsys) -> str:
         (["--prompt", "  "], "--prompt is empty"),
         (["--drafter", "no/such/folder"], "--drafter no/such/folder: no such folder"),
         (["--device", "gpu0"], "--device: not a torch device: 'gpu0'"),
+        (["--policy", "fastest"], "--policy 'fastest' is not a dspark_policy"),
     ],
 )
 def test_demo_validates_before_loading(argv, expected, capsys, no_model_load):

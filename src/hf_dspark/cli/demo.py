@@ -28,8 +28,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     check_nonempty(args.parser, "--prompt", args.prompt)
     check_drafter_path(args.parser, "--drafter", args.drafter)
+    from ..generation.policy import POLICIES
     from ..profiling import resolve_dtype
 
+    if args.policy not in POLICIES:
+        args.parser.error(f"--policy {args.policy!r} is not a dspark_policy; choose one of {list(POLICIES)}")
     torch.set_num_threads(args.threads)
     dtype = resolve_dtype(args.dtype, args.device)
     print(f"Loading the embedded SmolLM2-135M-Instruct target ({dtype}, {args.threads} thread(s))...", flush=True)
@@ -40,15 +43,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sample else dict(do_sample=False)
     kwargs = dict(max_new_tokens=args.max_new_tokens, **sampling)
     target.generate(input_ids, max_new_tokens=4, do_sample=False)  # warm-up
-    target.generate(input_ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)  # and cost curves
-    dspark_seconds, output = timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
+    dspark = dict(kwargs, dspark_policy=args.policy)
+    target.generate(input_ids, assistant_model=drafter, max_new_tokens=4, do_sample=False,
+                    dspark_policy=args.policy)  # and cost curves
+    dspark_seconds, output = timed(lambda: target.generate(input_ids, assistant_model=drafter, **dspark))
     new_tokens = output.shape[1] - input_ids.shape[1]
     stats = drafter.last_generation_stats
     print("\n" + tokenizer.decode(output[0, input_ids.shape[1] :], skip_special_tokens=True).strip() + "\n")
     print(f"DSpark: {new_tokens} tokens in {dspark_seconds:.2f} s = {new_tokens / dspark_seconds:.1f} tokens/s; "
           f"accepted length τ = {stats.mean_accepted_length:.2f} tokens/round over {stats.rounds} rounds "
           f"(γ = {drafter.config.block_size}, {stats.draft_tokens_accepted}/{stats.draft_tokens_verified} drafts "
-          "accepted)")
+          f"accepted, policy {args.policy!r})")
     if args.compare:
         _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds)
     return 0
@@ -63,7 +68,8 @@ def _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds: f
     ratios, plain_rates, identical = [], [], 0
     for pair in range(args.repeats):
         if pair:
-            dspark_seconds, output = timed(lambda: target.generate(input_ids, assistant_model=drafter, **kwargs))
+            dspark_seconds, output = timed(lambda: target.generate(input_ids, assistant_model=drafter,
+                                                                   dspark_policy=args.policy, **kwargs))
         plain_seconds, plain = timed(lambda: target.generate(input_ids, **kwargs))
         dspark_rate = (output.shape[1] - input_ids.shape[1]) / dspark_seconds
         plain_rates.append((plain.shape[1] - input_ids.shape[1]) / plain_seconds)
@@ -91,6 +97,8 @@ def add_demo_command(sub) -> None:
     demo.add_argument("--drafter", default=None,
                       help="folder or Hub id of a trained drafter (default: the shipped one)")
     add_runtime_arguments(demo, threads=2)
+    demo.add_argument("--policy", default="auto",
+                      help="dspark_policy of the DSpark runs (default auto: cost-aware; fixed: verify all γ drafts)")
     demo.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy decoding")
     demo.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain-generate runs")
     demo.add_argument("--repeats", type=positive_int, default=3,
