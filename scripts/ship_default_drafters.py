@@ -35,6 +35,8 @@ EARLIER_STAGES = [
     "v2: warm start from v1, 400 steps × 2 sequences with dense anchors (every reply position anchors a block), "
     "bf16 autocast, an 8,192-token draft vocabulary, lr 3e-4 cosine",
     "v3: warm start from v2, 1,200 steps × 2 sequences, the v2 recipe at peak lr 5e-4 cosine, data order seed 1",
+    "v4: warm start from the fp32 v3 checkpoint, 1,200 steps × 2 sequences, the same recipe at peak lr 5e-4 "
+    "cosine, data order seed 2",
 ]
 TITLES = {"dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
           "dflash": "DFlash-style baseline drafter for SmolLM2-135M-Instruct (hf-dspark)"}
@@ -101,6 +103,9 @@ def calibration_notes(folder: Path) -> str:
             mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
             lines.append(f"- {mode}: mean per-position ECE {mean(before):.3f} → {mean(after):.3f} after STS "
                          f"(temperatures {', '.join(f'{t:.2f}' for t in rep['temperatures'])})")
+            if rep.get("acceptance"):
+                lines.append(f"  - conditional acceptance per position, the `auto` policy's starting estimate: "
+                             f"{', '.join(f'{q:.2f}' for q in rep['acceptance'])}")
     return "Calibration (held-out training prompts, `calibration.json`):\n" + "\n".join(lines)
 
 

@@ -8,6 +8,7 @@
 #                                            # 5e-4, seed 1 (a new data order, so mostly unseen replies)
 #   RECIPE=v4 scripts/train_default.sh       # v4: the v3 recipe warm-started from the fp32 v3 checkpoint (or shipped v3),
 #                                            # seed 2 (another new data order)
+#   RECIPE=v5 scripts/train_default.sh       # v5: the v4 recipe warm-started from the fp32 v4 checkpoint, seed 3
 #   STEPS=4000 THREADS=2 scripts/train_default.sh dspark
 #   NPROC=2 scripts/train_default.sh         # 2 data-parallel CPU processes via accelerate (gloo)
 #
@@ -59,6 +60,10 @@ train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3/v4 chang
     steps=1200 lr=5e-4 seed=2 evals=100
     if [[ -d "$OUT/$name-v3/checkpoint-1200" ]]; then init="$OUT/$name-v3/checkpoint-1200"; fi  # fp32, not bf16
   fi
+  if [[ "$RECIPE" == "v5" ]]; then
+    steps=1200 lr=5e-4 seed=3 evals=100
+    if [[ -d "$OUT/$name-v4/checkpoint-1200" ]]; then init="$OUT/$name-v4/checkpoint-1200"; fi  # fp32, not bf16
+  fi
   launch --data "$DATA" --output_dir "$OUT/$name-$RECIPE" --resume_from_checkpoint auto \
     --init_drafter "$init" --target_dtype bfloat16 --bf16 True --use_cpu True \
     --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps "$steps" \
@@ -70,7 +75,7 @@ train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3/v4 chang
 
 train_one() {  # name, extra flags...
   local name="$1"; shift
-  if [[ "${RECIPE:-v1}" =~ ^v[234]$ ]]; then
+  if [[ "${RECIPE:-v1}" =~ ^v[2345]$ ]]; then
     train_v2 "$name"
     return
   fi

@@ -10,7 +10,7 @@ import torch
 from hf_dspark import DSparkDrafter
 from hf_dspark.calibration import CalibrationReport
 from hf_dspark.cli import main
-from hf_dspark.eval.calibrate import CalibrationRun, left_pad, set_temperatures
+from hf_dspark.eval.calibrate import CalibrationRun, left_pad, set_calibration
 from tests.helpers import char_tokenizer, make_drafter, make_target
 
 GAMMA = 3
@@ -50,6 +50,9 @@ def test_calibrate_both_modes_writes_config_sidecar_and_plots(setup):
     drafter = DSparkDrafter.from_pretrained(out, target=target)
     assert drafter.config.calibration_temperatures == pytest.approx(reports["sampling"].temperatures)
     assert drafter.config.calibration_temperatures_greedy == pytest.approx(reports["greedy"].temperatures)
+    for mode, report in reports.items():  # the held-out acceptance the "auto" policy starts from
+        assert len(report.acceptance) == GAMMA and all(0.0 <= q <= 1.0 for q in report.acceptance)
+        assert drafter.config.acceptance_prior(greedy=mode == "greedy") == pytest.approx(report.acceptance)
 
 
 def test_calibrate_in_place_rewrites_config_only(setup):
@@ -85,10 +88,18 @@ def test_helpers():
     ids, mask = left_pad([torch.tensor([5, 6, 7]), torch.tensor([9])], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 9]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     config = make_drafter(make_target("llama"), block_size=GAMMA).config
-    set_temperatures(config, "greedy", [2.0, 1.0, 0.5])
-    set_temperatures(config, "sampling", [1.5, 1.5, 1.5])
+    assert config.acceptance_prior(greedy=True) is None
+
+    def report(temperatures, acceptance):
+        return CalibrationReport(temperatures, [0.0] * 3, [0.0] * 3, [0.5] * 3, [0.5] * 3, 10, acceptance=acceptance)
+
+    set_calibration(config, "greedy", report([2.0, 1.0, 0.5], [0.6, 0.7, 0.8]))
+    assert config.acceptance_prior(greedy=False) == [0.6, 0.7, 0.8]  # the other mode's until sampling is measured
+    set_calibration(config, "sampling", report([1.5, 1.5, 1.5], [0.3, 0.4, 0.5]))
     assert config.temperatures_for(True) == [2.0, 1.0, 0.5]
     assert config.temperatures_for(False) == [1.5, 1.5, 1.5]
+    assert config.acceptance_prior(greedy=True) == [0.6, 0.7, 0.8]
+    assert config.acceptance_prior(greedy=False) == [0.3, 0.4, 0.5]
 
 
 def test_calibrate_in_place_keeps_an_engine_layout_folder_loadable(setup):
@@ -106,6 +117,7 @@ def test_calibrate_in_place_keeps_an_engine_layout_folder_loadable(setup):
     reloaded = DSparkDrafter.from_pretrained(setup / "engine", target=target)
     assert reloaded.config.calibration_temperatures_greedy == pytest.approx(
         sidecar["reports"]["greedy"]["temperatures"])
+    assert reloaded.config.acceptance_prior(greedy=True) == pytest.approx(sidecar["reports"]["greedy"]["acceptance"])
 
 
 def test_calibrate_refuses_an_out_folder_holding_another_model(setup):

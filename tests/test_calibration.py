@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from hf_dspark.calibration import (
     CalibrationReport,
+    conditional_acceptance,
     cumulative_survival,
     default_temperature_grid,
     evaluate_calibration,
@@ -140,3 +141,25 @@ def test_report_round_trip_and_reliability_diagram(tmp_path):
     reliability_diagram(before, after, survived, png, title="test")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+
+
+def test_conditional_acceptance_is_the_smoothed_rate_given_the_prefix_survived():
+    # 4 rounds: survived 0, 1, 2 and 3 positions of γ = 4
+    survived = torch.tensor([[0, 0, 0, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.float64)
+    rates = conditional_acceptance(survived)
+    # position k: (kept + ½) / (reached + 1); reached = 4, 3, 2, 1 rounds; kept = 3, 2, 1, 0
+    assert rates == pytest.approx([3.5 / 5, 2.5 / 4, 1.5 / 3, 0.5 / 2])
+    never = conditional_acceptance(torch.tensor([[0.0, 0.0, 0.0]]))  # positions 2, 3 never reached: inherit
+    assert never == pytest.approx([0.25, 0.25, 0.25])
+    assert all(0.0 < q < 1.0 for q in conditional_acceptance(torch.ones(3, 5)))  # never exactly 0 or 1
+    with pytest.raises(ValueError, match="non-empty"):
+        conditional_acceptance(torch.zeros(0, 4))
+
+
+def test_reports_written_before_the_acceptance_field_still_load(tmp_path):
+    report = evaluate_calibration(torch.zeros(6, 2), torch.tensor([[1.0, 0.0]] * 6), [1.0, 1.0])
+    payload = report.to_dict()
+    assert payload["acceptance"] == pytest.approx([6.5 / 7, 0.5 / 7])
+    del payload["acceptance"]
+    (tmp_path / "old.json").write_text(json.dumps(payload))
+    assert CalibrationReport.load(tmp_path / "old.json").acceptance is None

@@ -141,9 +141,28 @@ def cumulative_survival(confidence_logits: torch.Tensor, temperatures: list[floa
     return torch.cumprod(torch.sigmoid(logits / temps), dim=-1)
 
 
+def conditional_acceptance(survived: torch.Tensor) -> list[float]:
+    """q_k = P(draft k accepted | drafts 1..k−1 accepted) ≈ (Σ_n s_{n,k} + ½) / (Σ_n s_{n,k−1} + 1) (s_{n,0} = 1).
+
+    survived: `[N, γ]` realised prefix survival of fully verified rounds. Returns γ floats in (0, 1): the
+    Jeffreys-smoothed rate, so a position reached by few rounds is never estimated as exactly 0 or 1 (a prior of
+    0 would stop the "auto" policy from ever verifying it); a position no round reached inherits the rate
+    before it.
+    """
+    labels = _as_float64(survived)
+    if labels.dim() != 2 or labels.shape[0] == 0:
+        raise ValueError(f"survived must be a non-empty [N, γ] tensor, got shape {tuple(labels.shape)}.")
+    reached = torch.cat([torch.full((1,), float(labels.shape[0]), dtype=torch.float64), labels.sum(dim=0)[:-1]])
+    kept, rates = labels.sum(dim=0), []
+    for k in range(labels.shape[1]):
+        rates.append(float((kept[k] + 0.5) / (reached[k] + 1.0)) if reached[k] > 0 else rates[-1])
+    return rates
+
+
 @dataclass
 class CalibrationReport:
-    """Per-position ECE of the survival before (T = 1) and after STS, AUC, and the fitted temperatures."""
+    """Per-position ECE of the survival before (T = 1) and after STS, AUC, the fitted temperatures and the
+    measured conditional acceptance per position (`conditional_acceptance`; None in reports written before it)."""
 
     temperatures: list[float]
     ece_before: list[float]
@@ -153,6 +172,7 @@ class CalibrationReport:
     n_samples: int
     n_bins: int = 15
     mode: str | None = None
+    acceptance: list[float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (NaN AUCs become None)."""
@@ -203,6 +223,7 @@ def evaluate_calibration(
         n_samples=int(logits.shape[0]),
         n_bins=n_bins,
         mode=mode,
+        acceptance=conditional_acceptance(labels),
     )
 
 

@@ -57,6 +57,11 @@ class DSparkConfig(PreTrainedConfig):
             STS temperatures T_k for sampled decoding, one per position (default 1.0 each).
         calibration_temperatures_greedy (`list[float]`, *optional*):
             STS temperatures for greedy decoding; when unset the sampling temperatures are used.
+        heldout_acceptance (`dict[str, list[float]]`, *optional*):
+            Conditional acceptance per draft position, P(draft k accepted | drafts before it accepted), measured
+            on held-out prompts by `hf-dspark calibrate`, keyed by decoding mode (`"greedy"`, `"sampling"`). The
+            `"auto"` policy starts from it for a drafter it has not observed yet (default: 0.5 per position,
+            weakly held).
         mask_token_id (`int`, *optional*):
             Token id whose (frozen) target embedding fills the mask slots. When `None` the drafter learns its
             own mask embedding.
@@ -97,6 +102,7 @@ class DSparkConfig(PreTrainedConfig):
         confidence_with_markov: bool = True,
         calibration_temperatures: list[float] | None = None,
         calibration_temperatures_greedy: list[float] | None = None,
+        heldout_acceptance: dict[str, list[float]] | None = None,
         mask_token_id: int | None = None,
         sample_from_anchor: bool = True,
         source_layout: str = "native",
@@ -133,6 +139,10 @@ class DSparkConfig(PreTrainedConfig):
         )
         self.calibration_temperatures_greedy = (
             [float(t) for t in calibration_temperatures_greedy] if calibration_temperatures_greedy else None
+        )
+        self.heldout_acceptance = (
+            {str(mode): [float(q) for q in rates] for mode, rates in heldout_acceptance.items()}
+            if heldout_acceptance else None
         )
         self.mask_token_id = mask_token_id
         self.sample_from_anchor = bool(sample_from_anchor)
@@ -204,6 +214,7 @@ class DSparkConfig(PreTrainedConfig):
             self.block_size
         ):
             raise ValueError("calibration_temperatures_greedy needs one temperature per position (block_size).")
+        self._validate_heldout_acceptance()
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_key_value_heads "
@@ -226,6 +237,23 @@ class DSparkConfig(PreTrainedConfig):
                 "sample_from_anchor=False (the DFlash anchor + γ masks layout) is not a native DSpark layout; "
                 "load DFlash checkpoints through hf_dspark.interop, which keeps their convention."
             )
+
+    def _validate_heldout_acceptance(self) -> None:
+        for mode, rates in (self.heldout_acceptance or {}).items():
+            if mode not in ("greedy", "sampling") or len(rates) != self.block_size:
+                raise ValueError(
+                    f"heldout_acceptance needs keys 'greedy' / 'sampling' with one rate per position "
+                    f"(block_size {self.block_size}), got {mode!r} with {len(rates)} rates."
+                )
+            if any(not 0.0 <= q <= 1.0 for q in rates):
+                raise ValueError(f"heldout_acceptance[{mode!r}] rates must lie in [0, 1], got {rates}.")
+
+    def acceptance_prior(self, greedy: bool) -> list[float] | None:
+        """The held-out conditional acceptance of this decoding mode (the other mode's when only it was measured),
+        or None when the drafter was never calibrated."""
+        table = self.heldout_acceptance or {}
+        first, second = ("greedy", "sampling") if greedy else ("sampling", "greedy")
+        return table.get(first) or table.get(second)
 
     @property
     def num_taps(self) -> int:

@@ -1,8 +1,18 @@
 """Realised acceptance per request: observed positions, censoring, pooled prior and memory across calls."""
 
+import itertools
+
+import pytest
 import torch
 
-from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker, memory_for, observed_positions
+from hf_dspark.generation.acceptance import (
+    PRIOR_CLIP,
+    AcceptanceMemory,
+    AcceptanceTracker,
+    heldout_acceptance,
+    memory_for,
+    observed_positions,
+)
 
 
 def test_observed_positions_censor_after_a_fully_accepted_prefix():
@@ -20,10 +30,10 @@ def test_tracker_estimates_per_request_with_the_pool_as_prior():
     assert torch.allclose(tracker.survival(["new"]), torch.tensor([[0.5, 0.25, 0.125]], dtype=torch.float64))
     tracker.observe(["good", "bad"], torch.tensor([3, 3]), torch.tensor([3, 0]))
     survival = tracker.survival(["good", "bad", "new"])
-    pooled = tracker.pooled()
-    # "good": q = (1 + pool) / 2 at each position; "bad": q1 = (0 + pool_1) / 2, later positions censored
-    assert torch.allclose(survival[0], ((1 + pooled) / 2).cumprod(0))
-    assert torch.allclose(survival[1, 0], pooled[0] / 2)
+    pooled, w = tracker.pooled(), tracker.prior_weight
+    # "good": q = (1 + w·pool) / (1 + w) at each position; "bad": q1 = (0 + w·pool_1) / (1 + w), later censored
+    assert torch.allclose(survival[0], ((1 + w * pooled) / (1 + w)).cumprod(0))
+    assert torch.allclose(survival[1, 0], w * pooled[0] / (1 + w))
     assert torch.allclose(survival[1, 1:], survival[1, 0] * pooled[1:].cumprod(0))
     assert torch.allclose(survival[2], pooled.cumprod(0))
     assert survival[0, 0] > survival[2, 0] > survival[1, 0]
@@ -51,3 +61,70 @@ def test_positions_never_reached_inherit_the_rate_before_them():
     assert pooled[1] > 0.85 and torch.allclose(pooled[2:], pooled[1].expand(3))
     tracker.observe(["b"], torch.tensor([5]), torch.tensor([0]))  # a rejection at position 1 lowers only q_1 (and
     assert tracker.pooled()[0] < pooled[0]  # what inherits from it), observed evidence elsewhere stays
+
+
+def test_an_informed_prior_is_the_pool_before_anything_is_observed_and_yields_to_data():
+    """The drafter's held-out rates are the pool's prior, each position its own, held as `pool_prior_weight`."""
+    rates = [0.4, 0.6, 0.7]
+    tracker = AcceptanceTracker(3, AcceptanceMemory.empty(3), prior=rates, pool_prior_weight=8.0)
+    assert torch.allclose(tracker.pooled(), torch.tensor(rates, dtype=torch.float64))
+    tracker.observe(["a"], torch.tensor([3]), torch.tensor([0]))  # one rejection at position 1
+    assert tracker.pooled()[0].item() == pytest.approx(8 * 0.4 / 9)  # one trial against eight pseudo-trials
+    assert tracker.pooled()[1:].tolist() == pytest.approx(rates[1:])  # censored positions keep their own rates
+    for _ in range(200):
+        tracker.observe(["b"], torch.tensor([3]), torch.tensor([3]))
+    # a long run of evidence outweighs the prior: one row's decayed counts saturate at 1 / (1 − 0.95) = 20 trials
+    assert tracker.pooled().tolist() == pytest.approx([(20 + 8 * q) / 28 for q in rates], abs=1e-3)
+
+
+def test_a_request_that_stops_drafting_drifts_back_to_the_pool():
+    """Rounds without drafting multiply a request's own counts by idle_decay: after rejections its estimate
+    recovers monotonically towards the pool, so it is re-tried rather than switched off for good."""
+    tracker = AcceptanceTracker(2, AcceptanceMemory.empty(2), prior=[0.5, 0.5], pool_prior_weight=1e6)
+    for _ in range(3):
+        tracker.observe(["r", "other"], torch.tensor([2, 2]), torch.tensor([0, 2]))
+    low = tracker.survival(["r"])[0, 0].item()
+    assert low < 0.25
+    estimates = []
+    for _ in range(40):
+        version = tracker.version
+        tracker.observe(["r", "other"], torch.tensor([0, 2]), torch.tensor([0, 2]))  # "r" decodes plainly
+        assert tracker.version > version
+        estimates.append(tracker.survival(["r"])[0, 0].item())
+    assert all(b > a for a, b in itertools.pairwise(estimates))
+    assert estimates[-1] == pytest.approx(tracker.pooled()[0].item(), abs=0.01)
+    frozen = AcceptanceTracker(2, AcceptanceMemory.empty(2), idle_decay=1.0)
+    frozen.observe(["r"], torch.tensor([2]), torch.tensor([0]))
+    version = frozen.version
+    frozen.observe(["r"], torch.tensor([0]), torch.tensor([0]))
+    assert frozen.version == version  # idle_decay = 1 keeps the old behaviour: nothing changes, nothing recomputed
+
+
+def test_tracker_validates_its_prior():
+    with pytest.raises(ValueError, match="prior must be one q or 3 rates"):
+        AcceptanceTracker(3, AcceptanceMemory.empty(3), prior=[0.5, 0.5])
+    with pytest.raises(ValueError, match="prior must be one q or 3 rates"):
+        AcceptanceTracker(3, AcceptanceMemory.empty(3), prior=[0.5, 1.5, 0.5])
+    with pytest.raises(ValueError, match="idle_decay"):
+        AcceptanceTracker(3, AcceptanceMemory.empty(3), idle_decay=1.5)
+    with pytest.raises(ValueError, match="pool_prior_weight"):
+        AcceptanceTracker(3, AcceptanceMemory.empty(3), pool_prior_weight=0.0)
+
+
+def test_heldout_acceptance_reads_the_drafter_config():
+    from hf_dspark.configuration_dspark import DSparkConfig
+
+    class Drafter:
+        config = DSparkConfig(block_size=2, num_target_layers=4, target_layer_ids=[1],
+                              heldout_acceptance={"greedy": [0.7, 0.8], "sampling": [0.3, 0.4]})
+
+    assert heldout_acceptance(Drafter(), greedy=True) == [0.7, 0.8]
+    assert heldout_acceptance(Drafter(), greedy=False) == [0.3, 0.4]
+    assert heldout_acceptance(object(), greedy=True) is None  # model-free drafters have none
+    with pytest.raises(ValueError, match="heldout_acceptance"):
+        DSparkConfig(block_size=2, num_target_layers=4, target_layer_ids=[1], heldout_acceptance={"greedy": [0.7]})
+
+
+def test_a_prior_rate_of_zero_is_clipped_so_the_position_can_still_be_verified():
+    tracker = AcceptanceTracker(3, AcceptanceMemory.empty(3), prior=[0.9, 0.0, 1.0], pool_prior_weight=8.0)
+    assert tracker.pooled().tolist() == pytest.approx([0.9, PRIOR_CLIP, 1 - PRIOR_CLIP])

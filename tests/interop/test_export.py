@@ -58,14 +58,16 @@ def _assert_same(a, b):
     ids=["markov", "rnn", "none", "learned-mask"],
 )
 def test_export_then_load_proposes_identically(tmp_path, llama_target, overrides):
+    acceptance = {"greedy": [0.6, 0.5, 0.4, 0.3], "sampling": [0.3, 0.2, 0.2, 0.1]}
     drafter = make_drafter(llama_target, calibration_temperatures=[1.0, 2.0, 3.0, 4.0],
-                           calibration_temperatures_greedy=[0.5] * 4, **overrides)
+                           calibration_temperatures_greedy=[0.5] * 4, heldout_acceptance=acceptance, **overrides)
     out = export_deepspec(drafter, tmp_path / "engine")
     assert detect_layout(out) == "deepspec"
     loaded = DSparkDrafter.from_pretrained(out, target=llama_target)
     assert loaded.config.head_type == drafter.config.head_type
     assert loaded.config.calibration_temperatures == [1.0, 2.0, 3.0, 4.0]
     assert loaded.config.calibration_temperatures_greedy == [0.5] * 4
+    assert loaded.config.heldout_acceptance == acceptance  # the "auto" policy's prior travels in calibration.json
     for original, reloaded in zip(_proposals(drafter, llama_target), _proposals(loaded, llama_target)):
         _assert_same(original, reloaded)
 

@@ -109,6 +109,7 @@ def test_deepspec_folder_proposes_like_the_reference(tmp_path, qwen3_target, sam
     gamma = 4 if sample_from_anchor else 3
     assert (config.block_size, config.sample_from_anchor, config.head_type) == (gamma, sample_from_anchor, "markov")
     assert config.calibration_temperatures == temps and config.calibration_temperatures_greedy == [3.0] * gamma
+    assert config.heldout_acceptance is None  # a sidecar without measured acceptance
     assert config.use_qk_norm and config.confidence_with_markov and config.source_layout == "deepspec"
     ids, mask = _prompts(qwen3_target, [10, 6])
     proposal, feats = _propose(drafter, qwen3_target, ids, mask)
@@ -141,3 +142,20 @@ def test_foreign_folders_load_unbound_without_a_target(tmp_path, qwen3_target):
     assert not drafter.is_bound and drafter.fc.weight.dtype == torch.float32
     drafter = DSparkDrafter.from_pretrained(deepspec_folder(tmp_path / "s", qwen3_target), dtype=torch.bfloat16)
     assert drafter.fc.weight.dtype == torch.bfloat16
+
+
+def test_read_calibration_takes_the_acceptance_from_either_form_and_checks_it(tmp_path):
+    from hf_dspark.interop.layouts import read_calibration
+
+    sidecar = tmp_path / "calibration.json"
+    sidecar.write_text(json.dumps({"reports": {"greedy": {"temperatures": [1.0, 1.0], "acceptance": [0.4, 0.5]}}}))
+    assert read_calibration(tmp_path, 2)["heldout_acceptance"] == {"greedy": [0.4, 0.5]}
+    sidecar.write_text(json.dumps({"sampling": [1.0, 1.0], "acceptance": {"sampling": [0.3, 0.2]},
+                                   "reports": {"sampling": {"acceptance": [0.9, 0.9]}}}))
+    assert read_calibration(tmp_path, 2)["heldout_acceptance"] == {"sampling": [0.3, 0.2]}  # the exported form wins
+    sidecar.write_text(json.dumps({"sampling": [1.0, 1.0], "acceptance": {"sampling": [0.3]}}))
+    with pytest.raises(ValueError, match=r"calibration.json: the 'sampling' acceptance needs 2 rates"):
+        read_calibration(tmp_path, 2)
+    sidecar.write_text(json.dumps({"sampling": [1.0, 1.0], "acceptance": [0.3, 0.2]}))
+    with pytest.raises(ValueError, match="must map a decoding mode to rates"):
+        read_calibration(tmp_path, 2)

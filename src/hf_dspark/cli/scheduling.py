@@ -45,7 +45,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"{mode}: {report.n_samples} rounds; T = {[round(t, 3) for t in report.temperatures]}")
         print(f"  ECE before {[round(e, 4) for e in report.ece_before]}")
         print(f"  ECE after  {[round(e, 4) for e in report.ece_after]}")
-    print(f"wrote the temperatures, calibration.json and reliability_*.png to {run.out}")
+        print(f"  acceptance {[round(q, 3) for q in report.acceptance]} (conditional, per position)")
+    print(f"wrote the temperatures, the held-out acceptance, calibration.json and reliability_*.png to {run.out}")
     return 0
 
 
@@ -73,7 +74,8 @@ def add_calibrate_command(sub) -> None:
     """Register `calibrate` on the top-level subparsers."""
     calibrate = sub.add_parser("calibrate", help="fit STS temperatures of a drafter's confidence head",
                                description="Roll out held-out prompts with DSpark, then fit the sequential "
-                               "temperature scaling (STS) of the drafter's confidence head per position.")
+                               "temperature scaling (STS) of the drafter's confidence head per position and store "
+                               "the measured acceptance per position (the 'auto' policy's starting estimate).")
     calibrate.add_argument("--drafter", required=True, help="trained drafter folder (updated in place by default)")
     calibrate.add_argument("--prompts", nargs="+", required=True, help="held-out JSONL prompt sets")
     calibrate.add_argument("--limit", type=positive_int, default=32, help="prompts per set")

@@ -4,7 +4,8 @@ For each decoding mode (greedy, sampling) the drafter generates on held-out prom
 every position verified (`dspark_policy="fixed"`, ℓ = γ) and `dspark_record_confidence=True`, which yields per
 round and row the raw confidence logits z `[γ]` and the realised prefix survival (position k survived iff k <
 accepted drafts). `fit_sts` then fits T_1..T_γ per mode; the temperatures go into the drafter config
-(`calibration_temperatures` for sampling, `calibration_temperatures_greedy` for greedy), a `calibration.json`
+(`calibration_temperatures` for sampling, `calibration_temperatures_greedy` for greedy) with the measured
+conditional acceptance per position (`heldout_acceptance`, the "auto" policy's prior), a `calibration.json`
 sidecar holds the `CalibrationReport` of each mode, and `reliability_<mode>.png` shows the survival before (T = 1)
 and after STS. Use prompts the drafter was not trained on and that the speed benchmarks do not measure.
 """
@@ -131,10 +132,12 @@ def collect_rollouts(target, drafter, prompts: list[torch.Tensor], mode: str,
     return logits_all, survived_all
 
 
-def set_temperatures(config, mode: str, temperatures: list[float]) -> None:
-    """Store STS temperatures in a `DSparkConfig`: sampling -> calibration_temperatures, greedy -> *_greedy."""
+def set_calibration(config, mode: str, report: CalibrationReport) -> None:
+    """Store one mode's fit in a `DSparkConfig`: STS temperatures (sampling -> calibration_temperatures, greedy ->
+    *_greedy) and the measured conditional acceptance (`heldout_acceptance[mode]`, the "auto" policy's prior)."""
     name = "calibration_temperatures_greedy" if mode == "greedy" else "calibration_temperatures"
-    setattr(config, name, [float(t) for t in temperatures])
+    setattr(config, name, [float(t) for t in report.temperatures])
+    config.heldout_acceptance = {**(config.heldout_acceptance or {}), mode: list(report.acceptance)}
 
 
 def calibrate_mode(logits: torch.Tensor, survived: torch.Tensor, mode: str, run: CalibrationRun,
@@ -214,7 +217,7 @@ def run_calibration(run: CalibrationRun, target, tokenizer, drafter) -> dict[str
     for mode in run.mode_list:
         logits, survived = collect_rollouts(target, drafter, prompts, mode, run)
         reports[mode] = calibrate_mode(logits, survived, mode, run, out)
-        set_temperatures(drafter.config, mode, reports[mode].temperatures)
+        set_calibration(drafter.config, mode, reports[mode])
         logger.info(f"{mode}: {logits.shape[0]} rounds, T = {reports[mode].temperatures}")
     if same_folder:
         _save_in_place(drafter, out)

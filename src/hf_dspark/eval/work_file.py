@@ -20,8 +20,9 @@ logger = logging.get_logger(__name__)
 
 
 # Config fields that do not change a record: STS temperatures (records keep the raw confidence logits; the report
-# applies the drafter's current temperatures), bookkeeping.
-IDENTITY_IGNORED = ("calibration_temperatures", "calibration_temperatures_greedy", "transformers_version")
+# applies the drafter's current temperatures), the held-out acceptance the "auto" policy starts from, bookkeeping.
+IDENTITY_IGNORED = ("calibration_temperatures", "calibration_temperatures_greedy", "heldout_acceptance",
+                    "transformers_version")
 
 
 def drafter_identity(drafter: nn.Module) -> str:

@@ -4,9 +4,15 @@ Per request r and draft position j the tracker keeps decayed counts of the condi
 q_{r,j} = P(x_j accepted | x_<j accepted): a round that verified ℓ drafts and accepted m observes positions
 1..min(m + 1, ℓ) (accepted for j ≤ m, rejected at m + 1); later positions are censored and keep their counts.
 The estimated prefix survival is â_{r,j} = ∏_{i≤j} q̂_{r,i} with q̂ = (succ + w·q_pool) / (trials + w), where the
-pooled q_pool over all requests (and over earlier `generate` calls with the same drafter, `AcceptanceMemory`;
-each position's pool estimate shrinks towards the one before it)
+pooled q_pool over all requests (and over earlier `generate` calls with the same drafter, `AcceptanceMemory`)
 is the prior of a request that has not been observed yet.
+
+The pool itself starts from a prior: the drafter's held-out acceptance (`DSparkConfig.heldout_acceptance`, measured
+by `hf-dspark calibrate`) held as `INFORMED_PRIOR_WEIGHT` pseudo-trials per position, or, for a drafter never
+calibrated, q = 0.5 held as one pseudo-trial, each position's estimate shrinking towards the one before it.
+A request that does not draft in a round forgets part of its own evidence (`idle_decay`), so its estimate drifts
+back to the pool: a few unlucky rejections cannot switch drafting off for the rest of a request whose drafter pays
+on average, while a request that stays bad is re-tried only every several rounds.
 """
 
 from __future__ import annotations
@@ -40,7 +46,17 @@ class AcceptanceMemory:
         return bool(self.trials[0] > 0)
 
 
+INFORMED_PRIOR_WEIGHT = 8.0  # pseudo-trials of a measured held-out acceptance in the pool
+PRIOR_CLIP = 0.02  # prior rates are clipped to [PRIOR_CLIP, 1 − PRIOR_CLIP]
+
 _MEMORIES: weakref.WeakKeyDictionary[Any, AcceptanceMemory] = weakref.WeakKeyDictionary()
+
+
+def heldout_acceptance(drafter: Any, greedy: bool) -> list[float] | None:
+    """The drafter's held-out conditional acceptance for this decoding mode (`DSparkConfig.acceptance_prior`), or
+    None for drafters without one (never calibrated, or model-free)."""
+    prior = getattr(getattr(drafter, "config", None), "acceptance_prior", None)
+    return prior(greedy) if callable(prior) else None
 
 
 def memory_for(drafter: Any, block_size: int) -> AcceptanceMemory:
@@ -72,40 +88,58 @@ class AcceptanceTracker:
         memory: pooled counts shared with later calls (updated in place).
         decay: each new observation of a position multiplies the old counts by this (a window of ≈ 1/(1 − decay)).
         prior_weight: pseudo-trials w of the pooled prior in each request's estimate.
-        prior: q used for the pool before anything was observed.
+        prior: the pool's prior: one q for every position (each position then shrinks towards the estimate of the
+            one before it), or γ conditional rates, e.g. the drafter's held-out acceptance.
+        pool_prior_weight: pseudo-trials of `prior` in the pool.
         pool_decay: per-round decay of the pooled counts.
+        idle_decay: a request's counts are multiplied by this in each round it does not draft.
     """
 
     block_size: int
     memory: AcceptanceMemory
     decay: float = 0.8
-    prior_weight: float = 1.0
-    prior: float = 0.5
+    prior_weight: float = 2.0
+    prior: float | list[float] = 0.5
+    pool_prior_weight: float = 1.0
     pool_decay: float = 0.95
+    idle_decay: float = 0.85
     _slots: dict[Any, int] = field(default_factory=dict, repr=False)
     _counts: torch.Tensor | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials
-    version: int = field(default=0, repr=False)  # bumped by every observation (cached decisions key on it)
+    version: int = field(default=0, repr=False)  # bumped whenever an estimate changes (cached decisions key on it)
+    _pool_version: int = field(default=0, repr=False)  # bumped when the pooled counts change
     _pooled: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
+    _centres: list[float] = field(default_factory=list, repr=False)  # γ prior rates, clipped (informed prior)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.decay < 1.0 or self.prior_weight <= 0 or not 0.0 < self.prior < 1.0:
-            raise ValueError("AcceptanceTracker needs 0 <= decay < 1, prior_weight > 0 and 0 < prior < 1.")
+        if not 0.0 <= self.decay < 1.0 or not 0.0 <= self.idle_decay <= 1.0:
+            raise ValueError("AcceptanceTracker needs 0 <= decay < 1 and 0 <= idle_decay <= 1.")
+        if self.prior_weight <= 0 or self.pool_prior_weight <= 0:
+            raise ValueError("AcceptanceTracker needs prior_weight > 0 and pool_prior_weight > 0.")
+        rates = [self.prior] if isinstance(self.prior, (int, float)) else list(self.prior)
+        if len(rates) not in (1, self.block_size) or any(not 0.0 <= q <= 1.0 for q in rates):
+            raise ValueError(f"AcceptanceTracker prior must be one q or {self.block_size} rates in [0, 1], got "
+                             f"{self.prior}.")
+        # a prior rate of exactly 0 would never let the position be verified, hence never corrected
+        self._centres = [min(max(float(q), PRIOR_CLIP), 1.0 - PRIOR_CLIP) for q in rates]
         self._counts = torch.zeros(1, 2, self.block_size, dtype=torch.float64)  # slot 0: never observed
 
     def observed(self, row: Any) -> bool:
         return row in self._slots
 
     def pooled(self) -> torch.Tensor:
-        """q_pool `[γ]`: the pooled conditional acceptance, each position's prior being the estimate of the position
-        before it (`prior` for the first): a position never reached (censored after fully accepted prefixes)
-        inherits its predecessor's rate instead of falling back to `prior`, so good drafts earn long ℓ quickly."""
-        if self._pooled is not None and self._pooled[0] == self.version:
+        """q_pool `[γ]`: the pooled conditional acceptance. With one prior q, each position's prior is the estimate
+        of the position before it (`prior` for the first): a position never reached (censored after fully accepted
+        prefixes) inherits its predecessor's rate, so good drafts earn long ℓ quickly. With γ prior rates, each
+        position shrinks towards its own rate (clipped to [`PRIOR_CLIP`, 1 − `PRIOR_CLIP`])."""
+        if self._pooled is not None and self._pooled[0] == self._pool_version:
             return self._pooled[1]
-        weight, previous, rates = self.prior_weight, self.prior, []
-        for succ, trials in zip(self.memory.successes.tolist(), self.memory.trials.tolist()):
-            previous = (succ + weight * previous) / (trials + weight)
+        chained = len(self._centres) == 1
+        weight, previous, rates = self.pool_prior_weight, self._centres[0], []
+        for j, (succ, trials) in enumerate(zip(self.memory.successes.tolist(), self.memory.trials.tolist())):
+            centre = previous if chained else self._centres[j]
+            previous = (succ + weight * centre) / (trials + weight)
             rates.append(previous)
-        self._pooled = (self.version, torch.tensor(rates, dtype=torch.float64))
+        self._pooled = (self._pool_version, torch.tensor(rates, dtype=torch.float64))
         return self._pooled[1]
 
     def _slot_index(self, rows: list[Any], create: bool) -> torch.Tensor:
@@ -127,12 +161,15 @@ class AcceptanceTracker:
         return q.cumprod(dim=-1)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
-        """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]` (rows with ℓ = 0 skip)."""
+        """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]`; rows with ℓ = 0 observe
+        nothing and forget part of their evidence (`idle_decay`)."""
         verify_len, accepted = verify_len.cpu().long(), accepted.cpu().long()
+        self._relax([row for row, length in zip(rows, verify_len.tolist()) if length == 0])
         drafted = (verify_len > 0).nonzero().flatten()
         if not drafted.numel():
             return  # a plain-decoding round observes nothing
         self.version += 1
+        self._pool_version += 1
         seen, kept = observed_positions(verify_len, accepted, self.block_size)
         seen_f, kept_f = seen.to(torch.float64), kept.to(torch.float64)
         slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
@@ -143,6 +180,18 @@ class AcceptanceTracker:
         pool = torch.where(seen.any(dim=0), self.pool_decay, 1.0).to(torch.float64)
         self.memory.successes = self.memory.successes * pool + kept_f.sum(dim=0)
         self.memory.trials = self.memory.trials * pool + seen_f.sum(dim=0)
+
+    def _relax(self, idle: list[Any]) -> None:
+        """Multiply the counts of observed rows that did not draft by `idle_decay` (their estimates drift back to
+        the pool). Rows never observed have no counts; a change bumps `version` (cached decisions expire)."""
+        if self.idle_decay == 1.0 or not idle:
+            return
+        index = self._slot_index(idle, create=False)
+        index = index[self._counts[index, 1].amax(dim=-1) > 1e-3]  # evidence already forgotten: nothing to change
+        if not index.numel():
+            return
+        self._counts.index_copy_(0, index, self._counts.index_select(0, index) * self.idle_decay)
+        self.version += 1
 
     def forget(self, rows: list[Any]) -> None:
         """Rows that left: their slots are cleared (and not reused; a few bytes per request)."""

@@ -7,8 +7,9 @@ decode plainly, without the drafter's forward. Since nothing of the current roun
 function of the past like a fixed ℓ, and verification stays exact (Appendix A's argument, with the stopping
 rule measurable with respect to earlier rounds).
 
-Skipping stops the estimates from updating, so a *probe* drafts the skipped rows now and then, at the L that
-would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
+Skipping observes nothing new: a skipped request's own estimate only drifts back to the pool
+(`AcceptanceTracker.idle_decay`), and the pool stays put, so a *probe* drafts the skipped rows now and then, at
+the L that would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
 `probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain round)), clamped to
 [`min_interval`, `max_interval`]. A drafter never observed before probes in its first round.
 
@@ -141,8 +142,9 @@ class CostAwarePlanner:
         return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count)
 
     def _decide(self, rows: list[Any], cap: torch.Tensor, costs) -> tuple[torch.Tensor, int]:
-        """`draft_or_decode` on the lagged estimates, reused while rows, caps and observations are unchanged
-        (a run of plain-decoding rounds observes nothing, so its decision is computed once)."""
+        """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
+        run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
+        until their own evidence has faded)."""
         memory = self.tracker.memory
         key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, memory.trials.sum().item(), memory.costs.key())
         if self._last is not None and self._last[0] == key:

@@ -91,8 +91,10 @@ class DSparkEngine:
         target: the target causal LM (its KV cache layers must be full-attention dynamic layers).
         drafter: a drafter (`DSparkDrafter`, bound to `target` here, or any `DraftModel`), or None for plain
             batched decoding.
-        policy: a `VerificationPolicy` (e.g. `"auto"`, which decodes plainly when drafting does not pay), or
-            `"none"` (ℓ = 0, no drafting: the no-speculation baseline).
+        policy: a `VerificationPolicy` (e.g. `"auto"`, which decodes plainly when drafting does not pay; give it
+            `acceptance_prior=heldout_acceptance(drafter, greedy=not do_sample)` to start from the drafter's
+            calibrated acceptance, as `generate` does), or `"none"` (ℓ = 0, no drafting: the no-speculation
+            baseline).
         do_sample, temperature, top_k, top_p: decoding settings shared by all requests.
         eos_token_id: token id(s) that end a request (default: the target's generation config).
         max_running: at most this many requests in the running batch; the rest wait.

@@ -36,7 +36,7 @@ from transformers.utils import logging
 from ..functional import prefix_survival
 from ..padded_scheduler import sunk_cost_stop
 from ..step_curve import StepCurve
-from .acceptance import AcceptanceMemory, AcceptanceTracker, memory_for
+from .acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker, heldout_acceptance, memory_for
 from .cost_policy import CostAwarePlanner, DraftPlan
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ class VerificationPolicy:
         memory_key: the drafter, whose pooled acceptance `"auto"` remembers across calls (None: this call only).
         measured_costs: `"auto"` corrects its curves by the wall times of earlier rounds (`cost_correction`);
             False plans with the curves as given.
+        acceptance_prior: γ conditional acceptance rates `"auto"` starts from (e.g. the drafter's held-out
+            acceptance, `acceptance.heldout_acceptance`); None: 0.5 per position, weakly held.
     """
 
     name: str = "fixed"
@@ -87,6 +89,7 @@ class VerificationPolicy:
     draft_curve: Any = None
     memory_key: Any = field(default=None, repr=False)
     measured_costs: bool = True
+    acceptance_prior: list[float] | None = None
     last_schedule: ScheduleRecord = field(default_factory=ScheduleRecord, repr=False)
     _previous_survival: torch.Tensor | None = field(default=None, repr=False)
     _planner: CostAwarePlanner | None = field(default=None, repr=False)
@@ -108,9 +111,16 @@ class VerificationPolicy:
             self.draft_curve = StepCurve.load(self.draft_curve)
         if self.name == "auto":
             memory = memory_for(self.memory_key, self.block_size) if self.memory_key is not None else None
-            tracker = AcceptanceTracker(self.block_size, memory or AcceptanceMemory.empty(self.block_size))
+            tracker = AcceptanceTracker(self.block_size, memory or AcceptanceMemory.empty(self.block_size),
+                                        **self._prior_fields())
             self._planner = CostAwarePlanner(tracker, self.step_curve, self.draft_curve,
                                              measured_costs=self.measured_costs)
+
+    def _prior_fields(self) -> dict[str, Any]:
+        """The pool's prior: the given held-out acceptance, firmly held, or the tracker's default (0.5, weakly)."""
+        if self.acceptance_prior is None:
+            return {}
+        return {"prior": list(self.acceptance_prior), "pool_prior_weight": INFORMED_PRIOR_WEIGHT}
 
     def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
         """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them."""
@@ -222,4 +232,6 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
         draft_curve=draft_curve,
         memory_key=drafter,
         measured_costs=_attr_or(generation_config, "dspark_measured_costs", True),
+        acceptance_prior=heldout_acceptance(drafter, greedy=not generation_config.do_sample)
+        if name == "auto" else None,
     )

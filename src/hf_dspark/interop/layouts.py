@@ -97,11 +97,11 @@ def load_json_object(file: Path) -> dict[str, Any]:
     return payload
 
 
-def read_calibration(folder: Path, block_size: int) -> dict[str, list[float] | None]:
-    """STS temperatures from `calibration.json`, or `{}` if absent.
+def read_calibration(folder: Path, block_size: int) -> dict[str, Any]:
+    """STS temperatures (and the held-out acceptance, when measured) from `calibration.json`, or `{}` if absent.
 
-    Reads the exported form (`{"sampling": [...], "greedy": [...]}`) and the `hf-dspark calibrate` form
-    (`{"reports": {"sampling": {"temperatures": [...]}, "greedy": {...}}}`).
+    Reads the exported form (`{"sampling": [...], "greedy": [...], "acceptance": {mode: [...]}}`) and the
+    `hf-dspark calibrate` form (`{"reports": {"sampling": {"temperatures": [...], "acceptance": [...]}, ...}}`).
     """
     file = folder / CALIBRATION_FILE
     if not file.is_file():
@@ -114,11 +114,25 @@ def read_calibration(folder: Path, block_size: int) -> dict[str, list[float] | N
         if temps is not None and len(temps) != block_size:
             raise ValueError(f"{file}: '{mode}' has {len(temps)} temperatures, the drafter drafts {block_size}.")
         found[mode] = None if temps is None else [float(t) for t in temps]
-    return {"calibration_temperatures": found["sampling"], "calibration_temperatures_greedy": found["greedy"]}
+    acceptance = payload.get("acceptance") or {}
+    if not isinstance(acceptance, dict):
+        raise ValueError(f"{file}: 'acceptance' must map a decoding mode to rates, got {type(acceptance).__name__}.")
+    acceptance = dict(acceptance)
+    for mode in ("sampling", "greedy"):
+        measured = (reports.get(mode) or {}).get("acceptance")
+        if measured is not None and mode not in acceptance:
+            acceptance[mode] = measured
+    for mode, rates in acceptance.items():
+        if not isinstance(rates, list) or len(rates) != block_size:
+            raise ValueError(f"{file}: the '{mode}' acceptance needs {block_size} rates (one per draft position), "
+                             f"got {rates!r}.")
+    return {"calibration_temperatures": found["sampling"], "calibration_temperatures_greedy": found["greedy"],
+            "heldout_acceptance": acceptance or None}
 
 
 def calibration_payload(config, source_folder: Path | None = None) -> dict[str, Any]:
-    """The exported `calibration.json`: STS temperatures per decoding mode (c_k = σ(z_k / T_k)).
+    """The exported `calibration.json`: STS temperatures per decoding mode (c_k = σ(z_k / T_k)) and, when measured,
+    the held-out conditional acceptance per mode (`acceptance`, the "auto" policy's prior).
 
     The `reports` / `settings` of an `hf-dspark calibrate` sidecar in `source_folder` are carried over.
     """
@@ -129,6 +143,8 @@ def calibration_payload(config, source_folder: Path | None = None) -> dict[str, 
         "sampling": list(config.calibration_temperatures),
         "greedy": list(config.temperatures_for(greedy=True)),
     }
+    if config.heldout_acceptance:
+        payload["acceptance"] = dict(config.heldout_acceptance)
     source = None if source_folder is None else source_folder / CALIBRATION_FILE
     if source is not None and source.is_file():
         previous = load_json_object(source)
