@@ -159,15 +159,22 @@ def _verification_inputs(target, batch_tokens: int, cache_length: int, max_rows:
     return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
 
 
+def device_sync(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA launches are asynchronous; timing without this measures the
+    launch, not the work). A no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _time_forward(target, cache: DynamicCache, inputs: dict, taps: list[int]) -> float:
     """Seconds of one verification forward on `cache` (the appended slots are cropped off again)."""
-    sync = torch.cuda.synchronize if inputs["input_ids"].device.type == "cuda" else (lambda: None)
-    sync()
+    device = inputs["input_ids"].device
+    device_sync(device)
     start = time.perf_counter()
     with packed_gqa_attention(target):  # as the loop's verification forward (generation/target_cache.py)
         out = target(**inputs, cache=cache, use_cache=True, output_hidden_states=taps, logits_to_keep=0)
     out.logits.float()  # the loop converts verification logits to fp32
-    sync()
+    device_sync(device)
     elapsed = time.perf_counter() - start
     cache.crop(-inputs["input_ids"].shape[1])
     return elapsed
@@ -318,8 +325,11 @@ def profile_draft_curve(
         for sweep in range(warmup + repeats):
             for r in points:
                 anchors = torch.randint(min(20, vocab - 1), vocab, (r,), generator=torch.Generator().manual_seed(r))
+                anchors = anchors.to(device)
+                device_sync(device)
                 start = time.perf_counter()
-                drafter.propose(anchors.to(device), caches[r], do_sample=False)
+                drafter.propose(anchors, caches[r], do_sample=False)
+                device_sync(device)  # the draft curve is compared with the synchronised step curve
                 elapsed = time.perf_counter() - start
                 if sweep >= warmup:
                     samples[r].append(elapsed)

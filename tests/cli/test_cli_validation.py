@@ -145,3 +145,18 @@ def test_auto_device_is_cuda_only_when_available():
 
     assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
     assert resolve_device("cuda:1") == "cuda:1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--drafters", "a=untrained", "a=untrained:3"], "names must be unique; 'a' is given more than once"),
+        (["--drafters", "prompt_lookup=untrained", "--prompt-lookup"], "'prompt_lookup' is taken by --prompt-lookup"),
+    ],
+)
+def test_eval_refuses_ambiguous_drafter_names(argv, expected, capsys, monkeypatch):
+    from hf_dspark.cli import eval as eval_cli
+
+    monkeypatch.setattr(eval_cli, "load_target", lambda *a, **k: pytest.fail("loaded before validating"))
+    err = _usage_error(["eval", *argv], capsys)
+    assert err.startswith("usage: hf-dspark eval") and expected in err

@@ -19,12 +19,25 @@ def parse_drafter_spec(spec: str) -> tuple[str, str]:
     return name, path
 
 
+def check_drafter_names(args: argparse.Namespace) -> None:
+    """Refuse a NAME given twice (the second would silently replace the first) or the name --prompt-lookup uses."""
+    from ..eval.accepted_length import PROMPT_LOOKUP
+
+    names = [name for name, _ in args.drafters]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        args.parser.error(f"--drafters names must be unique; {', '.join(map(repr, repeated))} is given more than once")
+    if args.prompt_lookup and PROMPT_LOOKUP in names:
+        args.parser.error(f"--drafters name {PROMPT_LOOKUP!r} is taken by --prompt-lookup; rename that drafter")
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
     from ..eval.accepted_length import EvalConfig, run_eval
     from ..eval.eval_report import format_table
 
+    check_drafter_names(args)
     config = EvalConfig(sets=args.sets, temperature=args.temperature, block_size=args.block_size,
                         sweep_gammas=args.sweep, prompt_lookup=args.prompt_lookup, limit=args.limit,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
