@@ -93,14 +93,39 @@ def test_load_or_profile_caches(llama_target, cache_dir, monkeypatch):
 def test_load_or_profile_prefers_shipped_curve(llama_target, cache_dir, tmp_path, monkeypatch):
     shipped_dir = tmp_path / "shipped"
     monkeypatch.setattr(profiling, "SHIPPED_STEP_CURVES", shipped_dir)
-    shipped = StepCurve([1, 8], [10.0, 5.0], model=model_name(llama_target), threads=1)
+    shipped = StepCurve([1, 8], [10.0, 5.0], model=model_name(llama_target), threads=1,
+                        profiler=profiling.PROFILER_VERSION)
     shipped.save(shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1))
     monkeypatch.setattr(profiling, "profile_step_curve", lambda *a, **k: pytest.fail("should not profile"))
     assert load_or_profile_step_curve(llama_target, threads=1) == shipped
     # A curve the user profiled on this machine wins over the shipped one.
-    user = StepCurve([1, 8], [20.0, 9.0], threads=1)
+    user = StepCurve([1, 8], [20.0, 9.0], threads=1, profiler=profiling.PROFILER_VERSION)
     user.save(step_curve_path(model_name(llama_target), "cpu", "float32", 1))
     assert load_or_profile_step_curve(llama_target, threads=1) == user
+
+
+def test_curves_of_another_profiler_version_are_measured_again(llama_target, cache_dir, tmp_path, monkeypatch,
+                                                               caplog):
+    """A user-cache curve from an older release (before a change that made verification cheaper, say) must not
+    outlive the change: it is skipped for the shipped curve, and without one the target is profiled again."""
+    monkeypatch.setattr(profiling, "SHIPPED_STEP_CURVES", tmp_path / "shipped")
+    stale_path = step_curve_path(model_name(llama_target), "cpu", "float32", 1)
+    StepCurve([1, 8], [1.0, 0.5], threads=1).save(stale_path)  # no version: written before versions existed
+    fresh = StepCurve([1, 8], [30.0, 20.0], threads=1, profiler=profiling.PROFILER_VERSION)
+    monkeypatch.setattr(profiling, "profile_step_curve", lambda *a, **k: fresh)
+    with caplog.at_level("WARNING"):
+        assert load_or_profile_step_curve(llama_target, threads=1) == fresh
+    assert "measured by profiler version None" in caplog.text and str(stale_path) in caplog.text
+    assert StepCurve.load(stale_path) == fresh  # the re-measured curve replaced the stale one
+    shipped = StepCurve([1, 8], [10.0, 5.0], threads=1, profiler=profiling.PROFILER_VERSION)
+    shipped.save(shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1))
+    StepCurve([1, 8], [1.0, 0.5], threads=1, profiler=profiling.PROFILER_VERSION - 1).save(stale_path)
+    assert load_or_profile_step_curve(llama_target, threads=1) == shipped
+
+
+def test_every_shipped_curve_has_the_current_profiler_version():
+    paths = sorted(profiling.SHIPPED_STEP_CURVES.glob("*.json"))
+    assert paths and all(StepCurve.load(path).profiler == profiling.PROFILER_VERSION for path in paths)
 
 
 def test_shipped_default_curve_is_valid():

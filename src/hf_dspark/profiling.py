@@ -51,6 +51,9 @@ DEFAULT_DRAFT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SHIPPED_STEP_CURVES = Path(__file__).resolve().parent / "resources" / "step_curves"
 CACHE_ENV = "HF_DSPARK_CACHE"
 _STATISTICS = {"median": statistics.median, "min": min}
+# Version of the profiled code path (the verification forward and `propose`). Bump it when a change makes them
+# faster or slower: cached and shipped curves of another version are then ignored and measured again.
+PROFILER_VERSION = 2
 
 
 # ---------------------------------------------------------------------------------------------- naming / paths
@@ -235,10 +238,29 @@ def profile_step_curve(
         dtype=target_dtype(target),
         threads=used_threads,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        profiler=PROFILER_VERSION,
     )
 
 
 # ---------------------------------------------------------------------------------------------- cache
+def _current_curve(paths: Sequence[Path], what: str) -> StepCurve | None:
+    """The first readable curve of `paths` measured by this `PROFILER_VERSION` (None: profile it). Unreadable
+    curves and curves of an older or newer profiler are skipped with a warning naming the file."""
+    for path in paths:
+        if not path.is_file():
+            continue
+        try:
+            curve = StepCurve.load(path)
+        except (OSError, ValueError, TypeError) as err:
+            logger.warning(f"Ignoring unreadable {what} {path}: {err}")
+            continue
+        if curve.profiler == PROFILER_VERSION:
+            return curve
+        logger.warning(f"Ignoring {what} {path}: measured by profiler version {curve.profiler}, this hf-dspark "
+                       f"measures with version {PROFILER_VERSION} (its costs may have changed).")
+    return None
+
+
 def load_or_profile_step_curve(target, threads: int | None = None, progress: bool = True,
                                **profile_kwargs) -> StepCurve:
     """The step curve for (model, device, dtype, threads) of `target`, profiling it once if none exists.
@@ -250,12 +272,9 @@ def load_or_profile_step_curve(target, threads: int | None = None, progress: boo
     """
     threads = torch.get_num_threads() if threads is None else int(threads)
     key = (model_name(target), target_device(target), target_dtype(target), threads)
-    for path in (step_curve_path(*key), shipped_step_curve_path(*key)):
-        if path.is_file():
-            try:
-                return StepCurve.load(path)
-            except (OSError, ValueError, TypeError) as err:
-                logger.warning(f"Ignoring unreadable step curve {path}: {err}")
+    curve = _current_curve((step_curve_path(*key), shipped_step_curve_path(*key)), "step curve")
+    if curve is not None:
+        return curve
     path = step_curve_path(*key)
     logger.warning(
         f"No step curve for {key[0]} ({key[1]}, {key[2]}, {threads} threads): profiling the target's verification "
@@ -340,6 +359,7 @@ def profile_draft_curve(
         steps_per_second=[1.0 / max(_STATISTICS[statistic](samples[r]), 1e-9) for r in points],
         model=drafter_architecture(drafter), device=device.type, dtype=str(drafter.fc.weight.dtype).removeprefix(
             "torch."), threads=used_threads, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        profiler=PROFILER_VERSION,
     )
 
 
@@ -355,12 +375,9 @@ def load_or_profile_draft_curve(drafter, threads: int | None = None, progress: b
     threads = torch.get_num_threads() if threads is None else int(threads)
     weight = drafter.fc.weight
     key = (drafter_architecture(drafter), weight.device.type, str(weight.dtype).removeprefix("torch."), threads)
-    for path in (draft_curve_path(*key), draft_curve_path(*key, shipped=True)):
-        if path.is_file():
-            try:
-                return StepCurve.load(path)
-            except (OSError, ValueError, TypeError) as err:
-                logger.warning(f"Ignoring unreadable draft curve {path}: {err}")
+    curve = _current_curve((draft_curve_path(*key), draft_curve_path(*key, shipped=True)), "draft curve")
+    if curve is not None:
+        return curve
     path = draft_curve_path(*key)
     logger.warning(f"No cost curve for drafter {key[0]} ({key[1]}, {key[2]}, {threads} threads): profiling its "
                    f"propose once (saved to {path}).")

@@ -31,7 +31,9 @@ class StepCurve:
     batch_tokens: strictly ascending positive ints; steps_per_second: positive floats, one per point. Between points
     SPS is interpolated linearly; below the first point it is clamped to the first value; beyond the last point it is
     extrapolated conservatively as SPS(B) = SPS(B_max)·B_max / B (constant token throughput, never better).
-    The metadata fields (model, device, dtype, threads, created) are optional and only describe the measurement.
+    The metadata fields (model, device, dtype, threads, created, profiler) are optional and only describe the
+    measurement; `profiler` is the version of the profiled code path (`profiling.PROFILER_VERSION`), so that a
+    cached curve measured by an older release can be told apart and measured again.
     """
 
     batch_tokens: list[int]
@@ -41,6 +43,7 @@ class StepCurve:
     dtype: str | None = None
     threads: int | None = None
     created: str | None = None
+    profiler: int | None = None
     _tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -101,7 +104,7 @@ class StepCurve:
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> StepCurve:
-        known = {"batch_tokens", "steps_per_second", "model", "device", "dtype", "threads", "created"}
+        known = {"batch_tokens", "steps_per_second", "model", "device", "dtype", "threads", "created", "profiler"}
         unknown = set(payload) - known - {"format_version"}
         if unknown:
             logger.warning(f"Ignoring unknown step-curve fields: {sorted(unknown)}")

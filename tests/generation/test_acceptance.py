@@ -52,6 +52,20 @@ def test_memory_is_kept_per_drafter_across_calls():
     assert not memory_for(drafter, 5).observed  # another γ: a fresh memory
 
 
+def test_greedy_and_sampled_acceptance_are_pooled_apart():
+    """Sampled drafts are accepted less often than greedy ones: one mode's evidence must not move the other's."""
+
+    class Drafter:
+        pass
+
+    drafter = Drafter()
+    greedy, sampled = memory_for(drafter, 4, greedy=True), memory_for(drafter, 4, greedy=False)
+    assert greedy is not sampled
+    AcceptanceTracker(4, sampled).observe([0], torch.tensor([4]), torch.tensor([0]))
+    assert sampled.observed and not greedy.observed
+    assert memory_for(drafter, 4, greedy=False) is sampled and memory_for(drafter, 4) is greedy
+
+
 def test_positions_never_reached_inherit_the_rate_before_them():
     """Good drafts verified at ℓ = 2 leave positions 3.. censored: they take position 2's rate, not the prior."""
     tracker = AcceptanceTracker(block_size=5, memory=AcceptanceMemory.empty(5), prior=0.5)

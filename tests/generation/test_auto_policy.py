@@ -180,8 +180,20 @@ def test_auto_starts_from_the_drafters_heldout_acceptance(target):
         assert planner.tracker.pooled().tolist() == pytest.approx(rates)
     from hf_dspark.eval.serve import make_policy  # the serving benchmark's engines start from it too
 
-    policy = make_policy("auto", GAMMA, FLAT, 0.5, DRAFT, acceptance_prior=[0.9, 0.8, 0.7, 0.6])
-    assert policy._planner.tracker.pooled().tolist() == pytest.approx([0.9, 0.8, 0.7, 0.6])
+    for greedy, rates in ((True, [0.9, 0.8, 0.7, 0.6]), (False, [0.3, 0.3, 0.2, 0.1])):
+        policy = make_policy("auto", GAMMA, FLAT, 0.5, DRAFT, memory_key=drafter, greedy=greedy)
+        assert policy._planner.tracker.pooled().tolist() == pytest.approx(rates)
+    policy = make_policy("auto", GAMMA, FLAT, 0.5, DRAFT, memory_key=drafter, acceptance_prior=[0.5, 0.5, 0.5, 0.5])
+    assert policy._planner.tracker.pooled().tolist() == pytest.approx([0.5] * GAMMA)  # given rates win
+
+
+def test_engine_refuses_an_auto_policy_built_for_the_other_decoding_mode(target):
+    drafter = make_drafter(target, block_size=GAMMA)
+    policy = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=DRAFT, greedy=True)
+    with pytest.raises(ValueError, match=r"built for greedy.*do_sample=True.*greedy=False"):
+        DSparkEngine(target, drafter, policy=policy, do_sample=True)
+    sampled = VerificationPolicy("auto", block_size=GAMMA, step_curve=FLAT, draft_curve=DRAFT, greedy=False)
+    assert DSparkEngine(target, drafter, policy=sampled, do_sample=True).policy is sampled
 
 
 def test_max_pending_caps_the_queue_and_keeps_every_row_right(target):

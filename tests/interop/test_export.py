@@ -210,6 +210,33 @@ def test_an_export_that_fails_midway_leaves_the_folder_untouched(tmp_path, llama
     assert [p.name for p in tmp_path.iterdir()] == ["engine"]  # no staging folder left behind
 
 
+def test_the_next_export_removes_what_a_killed_export_left(tmp_path, llama_target, caplog):
+    """SIGKILL skips the cleanup: the next export to the folder removes the dead process's staging folder (and
+    its replaced old export once the folder is back), but never a live export's folder or the only copy."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    partial = tmp_path / f".engine.tmp-{dead_pid}-x1"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"half")
+    live = tmp_path / f".engine.tmp-{os.getpid()}-x2"  # an export running now (this process)
+    live.mkdir()
+    only_copy = tmp_path / f".other.old-{dead_pid}-x3"  # swap of `other` interrupted: this is its only copy
+    only_copy.mkdir()
+    drafter = make_drafter(llama_target, mask_token_id=95)
+    with caplog.at_level(logging.WARNING):
+        export_deepspec(drafter, tmp_path / "engine")
+    assert not partial.exists() and live.is_dir() and "interrupted export" in caplog.text
+    replaced = tmp_path / f".engine.old-{dead_pid}-x4"
+    replaced.mkdir()
+    export_deepspec(drafter, tmp_path / "engine", overwrite=True)
+    assert not replaced.exists()
+    export_deepspec(drafter, tmp_path / "other")
+    assert only_copy.is_dir()  # `other` was missing when the export started: the old folder was kept
+
+
 def test_export_never_replaces_a_folder_holding_its_input(tmp_path, llama_target):
     make_drafter(llama_target, mask_token_id=95).save_pretrained(tmp_path / "runs" / "drafter")
     drafter = DSparkDrafter.from_pretrained(tmp_path / "runs" / "drafter", target=llama_target)

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..generation.acceptance import heldout_acceptance
 from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
 from ..io_utils import check_replaceable, write_json_atomic
@@ -70,11 +69,12 @@ class ServeConfig:
 
 
 def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_curve=None,
-                memory_key=None, acceptance_prior: list[float] | None = None) -> VerificationPolicy | str:
+                memory_key=None, greedy: bool = True,
+                acceptance_prior: list[float] | None = None) -> VerificationPolicy | str:
     """The engine policy for a benchmark name. "auto" keeps its pooled acceptance under `memory_key` (the drafter,
     as `generate` does), so load levels after the first start from what earlier levels observed, like a
-    long-running server; None starts every level from nothing. `acceptance_prior`: the drafter's held-out
-    acceptance "auto" starts from (`heldout_acceptance`)."""
+    long-running server; None starts every level from nothing. It starts from the drafter's held-out acceptance
+    for the decoding mode (`greedy`) unless `acceptance_prior` gives other rates."""
     if name == "none":
         return "none"
     if name == "fixed1":
@@ -85,7 +85,7 @@ def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_
         return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
     if name == "auto":
         return VerificationPolicy("auto", block_size=block_size, step_curve=step_curve, draft_curve=draft_curve,
-                                  memory_key=memory_key, acceptance_prior=acceptance_prior)
+                                  memory_key=memory_key, greedy=greedy, acceptance_prior=acceptance_prior)
     # The engine pads rows to 1 + max ℓ_r, so the scheduler uses the padded-cost lagged rule (README, Scheduling).
     return VerificationPolicy("lagged_padded", block_size=block_size, step_curve=step_curve)
 
@@ -162,7 +162,7 @@ def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor]
     levels = [(r, p, c) for c in config.concurrency for r in range(config.repeats) for p in config.policies]
     for repeat, policy_name, concurrency in tqdm(levels, desc="serve levels"):
         policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold, draft_curve,
-                             memory_key=drafter, acceptance_prior=heldout_acceptance(drafter, greedy=True))
+                             memory_key=drafter)
         engine = DSparkEngine(target, None if policy == "none" else drafter, policy=policy,
                               max_running=max(config.concurrency))
         total = max(config.requests_per_level, concurrency)

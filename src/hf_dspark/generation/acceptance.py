@@ -49,7 +49,7 @@ class AcceptanceMemory:
 INFORMED_PRIOR_WEIGHT = 8.0  # pseudo-trials of a measured held-out acceptance in the pool
 PRIOR_CLIP = 0.02  # prior rates are clipped to [PRIOR_CLIP, 1 − PRIOR_CLIP]
 
-_MEMORIES: weakref.WeakKeyDictionary[Any, AcceptanceMemory] = weakref.WeakKeyDictionary()
+_MEMORIES: weakref.WeakKeyDictionary[Any, dict[bool, AcceptanceMemory]] = weakref.WeakKeyDictionary()
 
 
 def heldout_acceptance(drafter: Any, greedy: bool) -> list[float] | None:
@@ -59,15 +59,19 @@ def heldout_acceptance(drafter: Any, greedy: bool) -> list[float] | None:
     return prior(greedy) if callable(prior) else None
 
 
-def memory_for(drafter: Any, block_size: int) -> AcceptanceMemory:
-    """The pooled acceptance memory of `drafter` across calls (a fresh one for an unseen drafter or γ)."""
+def memory_for(drafter: Any, block_size: int, greedy: bool = True) -> AcceptanceMemory:
+    """The pooled acceptance memory of `drafter` across calls, one per decoding mode (greedy and sampled drafts
+    are accepted at different rates, so one mode's evidence must not move the other's prior); a fresh one for an
+    unseen drafter, mode or γ."""
     try:
-        memory = _MEMORIES.get(drafter)
+        memories = _MEMORIES.get(drafter)
     except TypeError:  # not weak-referenceable: no memory across calls
         return AcceptanceMemory.empty(block_size)
+    if memories is None:
+        memories = _MEMORIES[drafter] = {}
+    memory = memories.get(bool(greedy))
     if memory is None or memory.trials.numel() != block_size:
-        memory = AcceptanceMemory.empty(block_size)
-        _MEMORIES[drafter] = memory
+        memory = memories[bool(greedy)] = AcceptanceMemory.empty(block_size)
     return memory
 
 

@@ -92,9 +92,9 @@ class DSparkEngine:
         drafter: a drafter (`DSparkDrafter`, bound to `target` here, or any `DraftModel`), or None for plain
             batched decoding.
         policy: a `VerificationPolicy` (e.g. `"auto"`, which decodes plainly when drafting does not pay; give it
-            `acceptance_prior=heldout_acceptance(drafter, greedy=not do_sample)` to start from the drafter's
-            calibrated acceptance, as `generate` does), or `"none"` (ℓ = 0, no drafting: the no-speculation
-            baseline).
+            `memory_key=drafter, greedy=not do_sample` to start from the drafter's calibrated acceptance and pool
+            what it observes across engines, as `generate` does), or `"none"` (ℓ = 0, no drafting: the
+            no-speculation baseline).
         do_sample, temperature, top_k, top_p: decoding settings shared by all requests.
         eos_token_id: token id(s) that end a request (default: the target's generation config).
         max_running: at most this many requests in the running batch; the rest wait.
@@ -106,6 +106,10 @@ class DSparkEngine:
                  max_running: int = 64) -> None:
         if policy != "none" and drafter is None:
             raise ValueError(f"policy {policy!r} needs a drafter; use policy='none' for plain decoding")
+        if isinstance(policy, VerificationPolicy) and policy.name == "auto" and policy.greedy == do_sample:
+            mode = "greedy" if policy.greedy else "sampling"
+            raise ValueError(f"the 'auto' policy was built for {mode} (greedy={policy.greedy}) but the engine has "
+                             f"do_sample={do_sample}; build it with greedy={not do_sample}.")
         self.target, self.policy = target, policy
         self.drafter = drafter if policy != "none" else None
         if self.drafter is not None and hasattr(drafter, "bind_target") and not drafter.bound_to(target):

@@ -75,10 +75,13 @@ class VerificationPolicy:
         step_curve: SPS(B) (`StepCurve` or JSON path), for the load-aware policies.
         draft_curve: the drafter's proposals per second against rows (`StepCurve` or path), for `"auto"`.
         memory_key: the drafter, whose pooled acceptance `"auto"` remembers across calls (None: this call only).
+        greedy: the decoding mode of the requests (`not do_sample`): `"auto"` pools acceptance per mode and starts
+            from the held-out acceptance of that mode.
         measured_costs: `"auto"` corrects its curves by the wall times of earlier rounds (`cost_correction`);
             False plans with the curves as given.
-        acceptance_prior: γ conditional acceptance rates `"auto"` starts from (e.g. the drafter's held-out
-            acceptance, `acceptance.heldout_acceptance`); None: 0.5 per position, weakly held.
+        acceptance_prior: γ conditional acceptance rates `"auto"` starts from. None: the held-out acceptance of
+            `memory_key` for this mode when it is a calibrated drafter (`acceptance.heldout_acceptance`), else 0.5
+            per position, weakly held.
     """
 
     name: str = "fixed"
@@ -88,6 +91,7 @@ class VerificationPolicy:
     step_curve: Any = None
     draft_curve: Any = None
     memory_key: Any = field(default=None, repr=False)
+    greedy: bool = True
     measured_costs: bool = True
     acceptance_prior: list[float] | None = None
     last_schedule: ScheduleRecord = field(default_factory=ScheduleRecord, repr=False)
@@ -110,7 +114,9 @@ class VerificationPolicy:
         if isinstance(self.draft_curve, str):
             self.draft_curve = StepCurve.load(self.draft_curve)
         if self.name == "auto":
-            memory = memory_for(self.memory_key, self.block_size) if self.memory_key is not None else None
+            if self.acceptance_prior is None and self.memory_key is not None:
+                self.acceptance_prior = heldout_acceptance(self.memory_key, self.greedy)
+            memory = memory_for(self.memory_key, self.block_size, self.greedy) if self.memory_key is not None else None
             tracker = AcceptanceTracker(self.block_size, memory or AcceptanceMemory.empty(self.block_size),
                                         **self._prior_fields())
             self._planner = CostAwarePlanner(tracker, self.step_curve, self.draft_curve,
@@ -231,7 +237,6 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
         step_curve=step_curve,
         draft_curve=draft_curve,
         memory_key=drafter,
+        greedy=not generation_config.do_sample,
         measured_costs=_attr_or(generation_config, "dspark_measured_costs", True),
-        acceptance_prior=heldout_acceptance(drafter, greedy=not generation_config.do_sample)
-        if name == "auto" else None,
     )

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,39 @@ def check_export_folder(
     return out
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return pid > 0  # another user's live process / not a pid
+    return True
+
+
+def _remove_leftovers(out: Path, max_age: float = 86400.0) -> None:
+    """Remove what an export to `out` killed mid-way (SIGKILL, power loss) left beside it: unfinished staging
+    folders `.<name>.tmp-<pid>-*`, and a replaced earlier export `.<name>.old-<pid>-*` once `out` is back in
+    place. Only folders whose process is gone (or that are older than `max_age` seconds) are touched, so a
+    concurrent export's folders stay."""
+    now = time.time()
+    for kind in ("tmp", "old"):
+        if kind == "old" and not out.is_dir():
+            continue  # the old folder may be the only copy of an export whose swap was interrupted
+        for path in out.parent.glob(f".{out.name}.{kind}-*"):
+            pid = path.name.removeprefix(f".{out.name}.{kind}-").split("-")[0]
+            stale = not pid.isdigit() or not _pid_alive(int(pid)) or now - path.stat().st_mtime > max_age
+            if path.is_dir() and stale:
+                shutil.rmtree(path, ignore_errors=True)
+                logger.warning(f"Removed {path}, left over from an interrupted export to {out}.")
+
+
 def _swap_in(staged: Path, out: Path) -> None:
     """Move the finished `staged` folder to `out`, replacing `out` (renames only; the old folder goes last)."""
     if not out.exists():
         staged.rename(out)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
     old.rmdir()
     out.rename(old)
     staged.rename(out)
@@ -88,7 +116,8 @@ def export_deepspec(
     `step_curve.json` when a curve is given or sits beside the drafter's folder, and `README.md` with vLLM, SGLang
     and TensorRT-LLM launch settings. Settings an engine cannot serve are logged as warnings and listed in the
     README. `out_dir` must be empty or new unless `overwrite`, which replaces the whole folder. Everything is written
-    to a temporary folder beside it first and renamed into place, so an interrupted export leaves no half folder.
+    to a temporary folder beside it first and renamed into place, so an interrupted export leaves no half folder
+    (and what a killed one left beside it is removed by the next export to the same folder).
     Returns the folder.
     """
     from .deepspec import write_deepspec_folder
@@ -98,7 +127,8 @@ def export_deepspec(
     check_finite_weights(drafter, f"export to {out}")
     curve = _step_curve_payload(drafter, step_curve)
     out.parent.mkdir(parents=True, exist_ok=True)
-    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    _remove_leftovers(out)
+    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     umask = os.umask(0)
     os.umask(umask)
     staged.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
