@@ -18,7 +18,6 @@ from hf_dspark import load_default_target
 from hf_dspark.defaults import load_default_drafter
 from hf_dspark.eval.prompts import chat_input_ids, load_prompt_set
 from hf_dspark.eval.serve import make_policy
-from hf_dspark.generation.acceptance import heldout_acceptance
 from hf_dspark.generation.engine import DSparkEngine
 from hf_dspark.profiling import load_or_profile_draft_curve, load_or_profile_step_curve, resolve_dtype
 
@@ -42,8 +41,7 @@ def _ms(curve, size: float) -> float:
 
 
 def profile_level(target, drafter, prompts, concurrency: int, max_new_tokens: int, step, draft) -> None:
-    policy = make_policy("auto", drafter.config.block_size, step, 0.5, draft, memory_key=drafter,
-                         acceptance_prior=heldout_acceptance(drafter, greedy=True))
+    policy = make_policy("auto", drafter.config.block_size, step, 0.5, draft, memory_key=drafter)
     engine = DSparkEngine(target, drafter, policy=policy, max_running=concurrency)
     recorder = Recorder()
     engine.kernel.observers.append(recorder)
