@@ -50,7 +50,51 @@ def test_outliers_are_clipped_and_nonsense_is_ignored():
     assert costs.drafting_rounds == 0 and costs.plain_rounds == 1
 
 
-@pytest.mark.parametrize("bad", [{"weight": 0.0}, {"weight": 1.5}, {"prior_rounds": -1}, {"limit": 1.0}])
+def test_the_first_drafting_round_is_not_measured():
+    """The drafter's first proposal in a process pays one-off setup: it must not set f_rel."""
+    costs = CostCorrection(cold_rounds=1)
+    costs.observe(True, measured_seconds=3.0, predicted_seconds=1.0)
+    assert costs.drafting_rounds == 1 and costs.log_relative == 0.0
+    costs.observe(True, 2.0, 1.0)
+    assert costs.drafting == pytest.approx(2.0 ** (1 / 3))  # one measured round against two pseudo-rounds
+
+
+def test_a_long_run_of_plain_rounds_lets_the_drafting_cost_drift_back():
+    costs = CostCorrection(cold_rounds=0, idle_grace=8, idle_relax=0.9)
+    for _ in range(30):
+        costs.observe(True, 2.0, 1.0)
+    high = costs.log_relative
+    for _ in range(8):  # within the grace: a plain round beside drafting rounds is no reason to forget
+        costs.observe(False, 1.0, 1.0)
+    assert costs.log_relative == high
+    costs.observe(False, 1.0, 1.0)
+    assert costs.log_relative == pytest.approx(0.9 * high)
+    costs.observe(True, 2.0, 1.0)  # a drafting round ends the streak: the grace starts again
+    assert costs.plain_streak == 0
+
+
+def test_drafting_switched_off_by_one_bad_measurement_comes_back():
+    """Locked out: f_rel can only be re-measured by drafting rounds, which a high f_rel prevents. The drift back
+    switches drafting on again, and a drafter that really is dearer is declined again by its new rounds."""
+    planner = _planner()
+    planner.min_interval = planner.max_interval = 10**6  # no probes: the drift alone
+    cap = torch.tensor([GAMMA, GAMMA])
+    for _ in range(3):  # the cold round, then two rounds at 4× the curves (a burst of load on the machine)
+        planner.observe_round(_record(2, 4.0, 2.0))
+    assert not planner.plan(["a", "b"], cap).drafts
+    plain_rounds = 0
+    while not planner.plan(["a", "b"], cap).drafts:
+        planner.observe_round(_record(0, 1.0))
+        plain_rounds += 1
+        assert plain_rounds < 100, "drafting never came back"
+    assert plain_rounds > planner.tracker.memory.costs.idle_grace
+    for _ in range(10):  # drafting now really costs 2× the curves: declined again
+        planner.observe_round(_record(2, 2.0, 1.0))
+    assert not planner.plan(["a", "b"], cap).drafts
+
+
+@pytest.mark.parametrize("bad", [{"weight": 0.0}, {"weight": 1.5}, {"prior_rounds": -1}, {"limit": 1.0},
+                                 {"cold_rounds": -1}, {"idle_grace": -1}, {"idle_relax": 1.5}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match="CostCorrection needs"):
         CostCorrection(**bad)

@@ -14,6 +14,12 @@ first rounds, an exponential moving average with weight w after; n₀ pseudo-rou
 drafting rounds' by f_plain · f_rel, so only f_rel moves its decision, and a machine that is uniformly slower than
 the curves (f_plain > 1, learned in a few rounds) does not make drafting look cheaper or dearer than it is.
 
+Two guards keep one bad measurement from switching drafting off for good. The first drafting round a memory sees
+is not measured (`cold_rounds`: the drafter's first `propose` in a process pays one-off kernel and buffer setup,
+measured at 1.5-3× a warm round on CPU). And f_rel can only be re-measured by drafting rounds, which a high f_rel
+prevents, so after `idle_grace` plain rounds in a row it drifts back towards 1 (log f_rel × `idle_relax` per
+round): drafting is tried again, and if it really is dearer the new rounds raise f_rel again.
+
 Lossless: the correction is a function of earlier rounds' wall times, never of the current round's drafts or the
 target's outputs, so the decision stays a stopping rule measurable with respect to the past (Appendix A).
 """
@@ -32,19 +38,28 @@ class CostCorrection:
         weight: w, the moving average's weight once more than 1 / w rounds were seen.
         prior_rounds: n₀, pseudo-rounds at f = 1 (the curves' own prediction).
         limit: each observation's ratio is clipped to [1 / limit, limit].
+        cold_rounds: the first drafting rounds, not measured (one-off setup).
+        idle_grace / idle_relax: after `idle_grace` plain rounds in a row, each further one multiplies log f_rel by
+            `idle_relax`.
     """
 
     weight: float = 0.1
     prior_rounds: int = 2
     limit: float = 4.0
+    cold_rounds: int = 1
+    idle_grace: int = 8
+    idle_relax: float = 0.97
     log_plain: float = 0.0
     log_relative: float = 0.0
     plain_rounds: int = 0
     drafting_rounds: int = 0
+    plain_streak: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.weight <= 1.0 or self.prior_rounds < 0 or self.limit <= 1.0:
             raise ValueError("CostCorrection needs 0 < weight <= 1, prior_rounds >= 0 and limit > 1.")
+        if self.cold_rounds < 0 or self.idle_grace < 0 or not 0.0 <= self.idle_relax <= 1.0:
+            raise ValueError("CostCorrection needs cold_rounds >= 0, idle_grace >= 0 and 0 <= idle_relax <= 1.")
 
     def observe(self, drafting: bool, measured_seconds: float, predicted_seconds: float) -> None:
         """One finished round: its wall time and what the curves predicted for it (both > 0; else ignored)."""
@@ -53,12 +68,19 @@ class CostCorrection:
         bound = math.log(self.limit)
         value = min(max(math.log(measured_seconds / predicted_seconds), -bound), bound)
         if drafting:
-            value = min(max(value - self.log_plain, -bound), bound)
-            self.log_relative = running_log_mean(self.log_relative, value, self.drafting_rounds, self)
+            self.plain_streak = 0
             self.drafting_rounds += 1
+            if self.drafting_rounds <= self.cold_rounds:
+                return
+            value = min(max(value - self.log_plain, -bound), bound)
+            measured = self.drafting_rounds - 1 - self.cold_rounds
+            self.log_relative = running_log_mean(self.log_relative, value, measured, self)
         else:
             self.log_plain = running_log_mean(self.log_plain, value, self.plain_rounds, self)
             self.plain_rounds += 1
+            self.plain_streak += 1
+            if self.plain_streak > self.idle_grace:
+                self.log_relative *= self.idle_relax
 
     @property
     def plain(self) -> float:
