@@ -46,3 +46,23 @@ def test_check_replaceable_accepts_a_new_path_and_an_earlier_report(tmp_path):
 def test_check_replaceable_refuses_a_folder(tmp_path, overwrite):
     with pytest.raises(ValueError, match="is a folder; give the report's file path"):
         check_replaceable(tmp_path, KEYS, "a speed report", overwrite=overwrite)
+
+
+def test_atomic_writes_get_ordinary_permissions_and_keep_a_replaced_files(tmp_path):
+    """mkstemp makes private files; a report or config must be as readable as any other file the user writes."""
+    import os
+    import stat
+
+    from hf_dspark.io_utils import current_umask, write_text_atomic
+
+    new = tmp_path / "report.json"
+    write_text_atomic(new, "{}")
+    assert stat.S_IMODE(new.stat().st_mode) == 0o666 & ~current_umask()
+    os.chmod(new, 0o640)
+    write_text_atomic(new, "{}\n")
+    assert stat.S_IMODE(new.stat().st_mode) == 0o640 and new.read_text() == "{}\n"
+    old = os.umask(0o077)
+    try:
+        assert current_umask() == 0o077
+    finally:
+        os.umask(old)

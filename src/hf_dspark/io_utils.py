@@ -11,14 +11,38 @@ from pathlib import Path
 from typing import Any
 
 
+def _file_mode(path: str) -> int:
+    """The permissions a replaced file keeps, or those of a new file under the current umask (mkstemp alone would
+    make every report and config private to its writer)."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        return 0o666 & ~current_umask()
+
+
+def current_umask() -> int:
+    """The process umask, read from /proc where it can be (setting and restoring it is racy with threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder and `os.replace`, so a reader (or a
-    resumed job) never sees half a file. Creates the folder."""
+    resumed job) never sees half a file. Creates the folder; the file gets ordinary permissions (`_file_mode`)."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=os.path.splitext(path)[1], dir=folder)
     try:
+        os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
         os.replace(tmp, path)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from transformers.utils import logging
 
+from ..io_utils import current_umask
 from ..scheduler import StepCurve
 from .engines import engine_warnings, readme_snippet
 from .layouts import STEP_CURVE_FILE
@@ -129,9 +130,7 @@ def export_deepspec(
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(out)
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    staged.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is an ordinary folder
+    staged.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the export is an ordinary folder
     try:
         written = write_deepspec_folder(drafter, staged, curve, source_folder=out)
         name = target_name or drafter._bound.name_or_path or "TARGET"
