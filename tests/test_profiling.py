@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -147,6 +148,32 @@ def test_profile_cli(llama_target, tmp_path):
     assert code == 0 and plot.stat().st_size > 0
     payload = json.loads(out.read_text())
     assert payload["batch_tokens"] == [1, 4] and payload["threads"] == 1
+
+
+def test_profile_cli_profiles_a_drafter(llama_target, tmp_path, cache_dir, capsys):
+    from hf_dspark.cli import main
+    from hf_dspark.profiling import draft_curve_path
+
+    llama_target.save_pretrained(tmp_path / "target")
+    plot = tmp_path / "draft.png"
+    code = main(["profile", "--target", str(tmp_path / "target"), "--drafter", "untrained:3", "--threads", "1",
+                 "--plot", str(plot), "--batch-tokens", "1", "2", "--repeats", "1", "--warmup", "0",
+                 "--cache-length", "8"])
+    assert code == 0 and plot.stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "R=   1" in printed and "proposals/s" in printed
+    written = Path(printed.strip().splitlines()[-2].removeprefix("wrote "))
+    curve = StepCurve.load(written)
+    assert curve.batch_tokens == [1, 2] and curve.model.startswith("dspark-") and "-g3-" in curve.model
+    assert written == draft_curve_path(curve.model, "cpu", "float32", 1)  # where generate looks for it
+
+
+def test_profile_cli_refuses_a_missing_drafter_before_loading(tmp_path, capsys):
+    from hf_dspark.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["profile", "--drafter", str(tmp_path / "nowhere")])
+    assert "--drafter" in capsys.readouterr().err
 
 
 def test_draft_curve_profiled_cached_and_shared_by_architecture(llama_target, cache_dir, monkeypatch):

@@ -118,25 +118,28 @@ class StepCurve:
         with open(path, encoding="utf-8") as handle:
             return cls.from_dict(json.load(handle))
 
-    def plot(self, path: str | os.PathLike, title: str | None = None) -> None:
-        """Write a PNG of SPS(B) and of the token throughput B·SPS(B) (matplotlib Agg canvas, no pyplot)."""
+    def plot(self, path: str | os.PathLike, title: str | None = None, drafter: bool = False) -> None:
+        """Write a PNG of SPS(B) and of the token throughput B·SPS(B) (matplotlib Agg canvas, no pyplot); with
+        `drafter`, label it as a drafter's cost curve (proposals per second and rows per second against rows R)."""
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
+        x, calls, amount, kind = ("rows R", "proposals", "rows", "Drafter cost") if drafter else (
+            "batch tokens B", "verification forwards", "batch tokens", "Step curve")
         fig = Figure(figsize=(6.4, 4.0))
         FigureCanvasAgg(fig)
         ax = fig.add_subplot(1, 1, 1)
-        ax.plot(self.batch_tokens, self.steps_per_second, "o-", color="tab:blue", label="SPS(B)")
-        ax.set_xlabel("batch tokens B")
-        ax.set_ylabel("verification forwards / s", color="tab:blue")
+        ax.plot(self.batch_tokens, self.steps_per_second, "o-", color="tab:blue", label=f"{calls} / s")
+        ax.set_xlabel(x)
+        ax.set_ylabel(f"{calls} / s", color="tab:blue")
         ax.set_xscale("log", base=2)
         twin = ax.twinx()
-        tokens_per_s = [b * s for b, s in zip(self.batch_tokens, self.steps_per_second)]
-        twin.plot(self.batch_tokens, tokens_per_s, "s--", color="tab:orange", label="B·SPS(B)")
-        twin.set_ylabel("batch tokens / s", color="tab:orange")
+        per_second = [b * s for b, s in zip(self.batch_tokens, self.steps_per_second)]
+        twin.plot(self.batch_tokens, per_second, "s--", color="tab:orange", label=f"{amount} / s")
+        twin.set_ylabel(f"{amount} / s", color="tab:orange")
         meta = ", ".join(str(v) for v in (self.model, self.device, self.dtype) if v)
         threads = f", {self.threads} threads" if self.threads else ""
-        ax.set_title(title or f"Step curve{': ' + meta if meta else ''}{threads}", fontsize=9)
+        ax.set_title(title or f"{kind}{': ' + meta if meta else ''}{threads}", fontsize=9)
         fig.tight_layout()
         fig.savefig(os.fspath(path), dpi=120)
 

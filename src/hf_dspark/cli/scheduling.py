@@ -4,24 +4,42 @@ from __future__ import annotations
 
 import argparse
 
-from .loaders import add_runtime_arguments, load_target, positive_int
+from .loaders import add_runtime_arguments, load_drafter_spec, load_target, positive_int
 from .validation import check_drafter_path, check_files
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from ..profiling import DEFAULT_BATCH_TOKENS, profile_step_curve, step_curve_path
+    from ..profiling import (
+        DEFAULT_BATCH_TOKENS,
+        DEFAULT_DRAFT_ROWS,
+        draft_curve_path,
+        profile_draft_curve,
+        profile_step_curve,
+        step_curve_path,
+    )
 
+    if args.drafter is not None and args.drafter != "untrained" and not args.drafter.startswith("untrained:"):
+        check_drafter_path(args.parser, "--drafter", args.drafter)
     target, _ = load_target(args.target, args.dtype, tokenizer=False, device=args.device)
-    curve = profile_step_curve(target, batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS, rows=args.rows,
-                               cache_length=args.cache_length, repeats=args.repeats, warmup=args.warmup,
-                               threads=args.threads, statistic=args.statistic)
-    out = args.out or str(step_curve_path(curve.model, curve.device, curve.dtype, curve.threads))
+    timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, statistic=args.statistic)
+    if args.drafter is None:
+        curve = profile_step_curve(target, batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS, rows=args.rows,
+                                   cache_length=args.cache_length, **timing)
+        out = args.out or str(step_curve_path(curve.model, curve.device, curve.dtype, curve.threads))
+        unit = "B", "steps/s"
+    else:
+        drafter = load_drafter_spec(target, args.drafter)
+        curve = profile_draft_curve(drafter, rows=args.batch_tokens or DEFAULT_DRAFT_ROWS,
+                                    context=args.cache_length, **timing)
+        out = args.out or str(draft_curve_path(curve.model, curve.device, curve.dtype, curve.threads))
+        unit = "R", "proposals/s"
     curve.save(out)
-    for b, sps in zip(curve.batch_tokens, curve.steps_per_second):
-        print(f"  B={b:4d}  {1e3 / sps:8.1f} ms  {sps:7.2f} steps/s  {b * sps:8.1f} tokens/s")
+    for x, per_second in zip(curve.batch_tokens, curve.steps_per_second):
+        print(f"  {unit[0]}={x:4d}  {1e3 / per_second:8.1f} ms  {per_second:7.2f} {unit[1]}  {x * per_second:8.1f} "
+              f"{'tokens' if unit[0] == 'B' else 'rows'}/s")
     print(f"wrote {out}")
     if args.plot:
-        curve.plot(args.plot)
+        curve.plot(args.plot, drafter=args.drafter is not None)
         print(f"wrote {args.plot}")
     return 0
 
@@ -54,15 +72,21 @@ def add_profile_command(sub) -> None:
     """Register `profile` on the top-level subparsers."""
     profile = sub.add_parser("profile", help="measure SPS(B), the step curve the load-aware scheduler uses",
                              description="Time one verification forward of the target per batch-token count B and "
-                             "save the step curve SPS(B) that the load-aware scheduler reads.")
+                             "save the step curve SPS(B) that the load-aware scheduler reads; with --drafter, time "
+                             "the drafter's propose per row count R instead (the cost curve the auto policy reads).")
     profile.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
+    profile.add_argument("--drafter", default=None,
+                         help="profile this drafter's cost curve instead: a drafter folder (any layout) or "
+                         "untrained[:γ]; drafters of one architecture share the curve (saved per architecture)")
     add_runtime_arguments(profile, threads=1, auto_dtype=False)
     profile.add_argument("--out", default=None, help="JSON path (default: the user cache that generate reads)")
     profile.add_argument("--plot", default=None, help="also write a PNG plot here")
     profile.add_argument("--batch-tokens", type=positive_int, nargs="+", default=None,
-                         help="B values (default: 1-8, 12 ... 128)")
+                         help="B values (default: 1-8, 12 ... 128); with --drafter, row counts R (default: 1-4, 6, "
+                         "8 ... 64)")
     profile.add_argument("--rows", type=positive_int, default=8, help="B tokens are spread over min(B, rows) rows")
-    profile.add_argument("--cache-length", type=int, default=200, help="tokens already cached per row")
+    profile.add_argument("--cache-length", type=positive_int, default=200,
+                         help="tokens already cached per row (the target's KV cache, or the drafter's context)")
     profile.add_argument("--repeats", type=positive_int, default=5, help="timed sweeps over all B (median per B)")
     profile.add_argument("--warmup", type=int, default=1, help="untimed sweeps before the timed ones")
     profile.add_argument("--statistic", choices=["median", "min"], default="median",
