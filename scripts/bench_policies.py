@@ -1,5 +1,5 @@
-"""Compare verification-length policies (fixed ℓ = γ, greedy, lagged and their padded-cost variants) on the
-default target, greedy decoding.
+"""Compare verification-length policies (fixed ℓ = γ, greedy, lagged, their padded-cost variants and the default
+cost-aware "auto", which may also decline to draft) on the default target, greedy decoding.
 
 Drafters: the oracle (the target's own greedy continuation, confidence 0.99: every draft accepted) and an untrained
 DSpark drafter (random drafts, confidence head at init ≈ 0.5: almost nothing accepted, so a load-aware policy
@@ -32,7 +32,7 @@ from hf_dspark.profiling import load_or_profile_step_curve
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = {name: {"dspark_policy": name}
-            for name in ("fixed", "greedy", "lagged", "greedy_padded", "lagged_padded")}
+            for name in ("fixed", "greedy", "lagged", "greedy_padded", "lagged_padded", "auto")}
 
 
 def batches(tokenizer, args) -> dict[str, list[tuple[torch.Tensor, torch.Tensor]]]:
