@@ -4,6 +4,8 @@ per second against rows R, in fp32 and bf16 (CPU, torch threads pinned), into `s
 JSON summary of the batch-1 ratios under `benchmarks/results/`.
 
     python scripts/profile_default_costs.py --threads 1 --dtypes float32 bfloat16 --statistic min [--overwrite]
+    python scripts/profile_default_costs.py --variant dflash --skip-step-curve float32 bfloat16 \
+        --summary benchmarks/results/cost_curves_dflash.json    # the baseline's curves (head none), step curves kept
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads, pinned (part of the shipped curves' names)")
+    parser.add_argument("--variant", choices=["dspark", "dflash"], default="dspark",
+                        help="which shipped drafter's cost curve to profile (dflash: the baseline, no Markov head)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="dtypes to profile")
     parser.add_argument("--repeats", type=int, default=7, help="timed sweeps per curve, after one untimed sweep")
     parser.add_argument("--statistic", choices=["median", "min"], default="min",
@@ -54,10 +58,10 @@ def main() -> None:
                         help="JSON summary path, relative to the repository root")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    summary = {"threads": args.threads, "dtypes": {}}
+    summary = {"threads": args.threads, "variant": args.variant, "dtypes": {}}
     for name in args.dtypes:
         target, _ = load_default_target(dtype=getattr(torch, name))
-        drafter = load_default_drafter(target)
+        drafter = load_default_drafter(target, variant=args.variant)
         step_path = shipped_step_curve_path(target.name_or_path, "cpu", name, args.threads)
         draft_path = draft_curve_path(drafter_architecture(drafter), "cpu", name, args.threads, shipped=True)
         for path in (step_path, draft_path):
