@@ -17,8 +17,8 @@ import torch
 
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.modeling_dspark import DSparkDrafter
-from hf_dspark.training.data import DSparkDataset, build_dataset, load_conversations, split_validation
-from hf_dspark.training.train import DSparkTrainConfig, load_training_target
+from hf_dspark.training.data import DSparkDataset
+from hf_dspark.training.train import DSparkTrainConfig, load_training_target, validation_examples
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingArguments
 
 
@@ -39,10 +39,8 @@ def main() -> None:
     config = DSparkTrainConfig(data=args.data, target_dtype=args.target_dtype,
                                validation_fraction=args.validation_fraction)
     target, tokenizer = load_training_target(config)
-    dataset = build_dataset(load_conversations(config.data), tokenizer, max_length=config.max_length,
-                            max_new_tokens=config.max_new_tokens)
     split_seed = args.seed if args.validation_seed is None else args.validation_seed
-    _, validation = split_validation(dataset.examples, args.validation_fraction, split_seed)
+    validation = validation_examples(config, tokenizer, split_seed)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).float()
     with tempfile.TemporaryDirectory() as scratch:
         training_args = DSparkTrainingArguments(

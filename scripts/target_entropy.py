@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.training.data import build_dataset, load_conversations, split_validation
-from hf_dspark.training.train import DSparkTrainConfig, load_training_target
+from hf_dspark.training.train import DSparkTrainConfig, load_training_target, validation_examples
 
 
 @torch.no_grad()
@@ -42,9 +41,7 @@ def main() -> None:
     config = DSparkTrainConfig(data=args.data, target_dtype=args.target_dtype,
                                validation_fraction=args.validation_fraction)
     target, tokenizer = load_training_target(config)
-    dataset = build_dataset(load_conversations(config.data), tokenizer, max_length=config.max_length,
-                            max_new_tokens=config.max_new_tokens)
-    _, validation = split_validation(dataset.examples, args.validation_fraction, args.validation_seed)
+    validation = validation_examples(config, tokenizer, args.validation_seed)
     entropies, top1 = [], []
     for example in validation:
         h, p = reply_token_stats(target, example)

@@ -9,7 +9,7 @@ from tiny_helpers import make_tiny_drafter, make_tiny_target, tokenized_records,
 
 from hf_dspark.modeling_dspark import DSparkDrafter
 from hf_dspark.training.data import build_dataset
-from hf_dspark.training.train import DSparkTrainConfig, parse_train_args, train
+from hf_dspark.training.train import DSparkTrainConfig, parse_train_args, train, validation_examples
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingArguments
 
 
@@ -94,6 +94,9 @@ def test_train_entry_online_and_offline(tmp_path, tiny_target_dir):
     trainer = train(config, _args(tmp_path / "online", max_steps=2, eval_strategy="steps", eval_steps=2))
     assert (tmp_path / "online" / "model.safetensors").is_file()
     assert any("eval_tau_est" in entry for entry in trainer.state.log_history)
+    # scripts measuring on the run's held-out split (target_entropy.py, eval_validation_split.py) get the same one
+    held_out = validation_examples(config, None, seed=trainer.args.seed)
+    assert held_out == trainer.eval_dataset.examples and len(held_out) == 2
     offline_args = _args(tmp_path / "offline", max_steps=2, feature_mode="offline",
                          feature_cache_dir=str(tmp_path / "cache"))
     trainer = train(config, offline_args)

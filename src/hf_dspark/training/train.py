@@ -179,6 +179,14 @@ def load_training_target(config: DSparkTrainConfig):
     return target.eval().requires_grad_(False), tokenizer
 
 
+def validation_examples(config: DSparkTrainConfig, tokenizer, seed: int) -> list[dict]:
+    """The held-out examples a run with `config` evaluates on (`seed`: its `--validation_seed`, else `--seed`), for
+    scripts that measure something else on the same split."""
+    records = load_conversations(config.data)[: config.max_examples]
+    dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
+    return split_validation(dataset.examples, config.validation_fraction, seed)[1]
+
+
 def build_drafter(config: DSparkTrainConfig, target, examples=(), tokenizer=None) -> DSparkDrafter:
     """The drafter to train, bound to `target`: fresh or `config.init_drafter`, restricted to a draft vocabulary
     built from `examples` when `config.draft_vocab_size` is set."""
