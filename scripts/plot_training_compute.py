@@ -19,6 +19,8 @@ import argparse
 import itertools
 import json
 import re
+import shlex
+import sys
 from pathlib import Path
 
 from hf_dspark.io_utils import write_json_atomic
@@ -121,7 +123,8 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/training_compute.json", help="JSON (PNG beside it).")
     args = parser.parse_args()
     eval_report = json.loads(Path(args.eval_report).read_text()) if args.eval_report else None
-    report = {"threads": args.threads, "start_hours": args.start_hours, "runs": {}, "points_before": {},
+    report = {"command": "python scripts/plot_training_compute.py " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+              "threads": args.threads, "start_hours": args.start_hours, "runs": {}, "points_before": {},
               "position_acceptance": {}}
     for spec in args.run:
         name, _, rest = spec.partition("=")
