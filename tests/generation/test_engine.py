@@ -97,6 +97,21 @@ def test_engine_rejects_bad_input(setup):
         engine.add_request([], max_new_tokens=4)
 
 
+@pytest.mark.parametrize("name", ["fixed", "auto"])
+def test_engine_takes_policy_names_as_generate_does(setup, name):
+    target, prompts, references = setup
+    drafter = make_drafter(target)
+    engine = DSparkEngine(target, drafter, policy=name, max_running=3)
+    assert isinstance(engine.policy, VerificationPolicy) and engine.policy.name == name
+    if name == "auto":
+        assert engine.policy.greedy and engine.policy.step_curve is not None
+    rids = _serve(engine, prompts)
+    for rid, (prompt, ref) in zip(rids, zip(prompts, references)):
+        assert engine.result(rid).generated == ref[prompt.numel() :].tolist(), (name, rid)
+    with pytest.raises(ValueError, match="policy must be 'none', one of"):
+        DSparkEngine(target, drafter, policy="fastest")
+
+
 def test_serve_benchmark_smoke(setup, tmp_path):
     target, prompts, _ = setup
     config = ServeConfig(concurrency=[1, 3], requests_per_level=3, max_new_tokens=8, threads=1,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -31,7 +32,7 @@ from transformers.generation.logits_process import (
 )
 
 from .drafting import feature_layers
-from .policy import VerificationPolicy
+from .policy import POLICIES, VerificationPolicy, policy_from_config
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundBatch, RoundKernel, RoundRecord
@@ -84,6 +85,15 @@ def _warpers(do_sample: bool, temperature: float, top_k: int | None, top_p: floa
     return warpers
 
 
+def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool) -> VerificationPolicy:
+    """The policy `generate` builds for `dspark_policy=name`: the curves of this target and drafter (cache, shipped,
+    else profiled once) and, for "auto", the drafter's pooled acceptance for the decoding mode."""
+    if name not in POLICIES:
+        raise ValueError(f"policy must be 'none', one of {list(POLICIES)} or a VerificationPolicy; got {name!r}.")
+    settings = SimpleNamespace(dspark_policy=name, do_sample=do_sample)
+    return policy_from_config(settings, drafter.config.block_size, target=target, drafter=drafter)
+
+
 class DSparkEngine:
     """Continuous-batching DSpark serving loop (public API: add_request, step, has_work, result, cancel).
 
@@ -91,10 +101,10 @@ class DSparkEngine:
         target: the target causal LM (its KV cache layers must be full-attention dynamic layers).
         drafter: a drafter (`DSparkDrafter`, bound to `target` here, or any `DraftModel`), or None for plain
             batched decoding.
-        policy: a `VerificationPolicy` (e.g. `"auto"`, which decodes plainly when drafting does not pay; give it
-            `memory_key=drafter, greedy=not do_sample` to start from the drafter's calibrated acceptance and pool
-            what it observes across engines, as `generate` does), or `"none"` (ℓ = 0, no drafting: the
-            no-speculation baseline).
+        policy: a policy name as `generate`'s `dspark_policy` takes it (e.g. `"auto"`, which decodes plainly when
+            drafting does not pay; built as `generate` builds it: this target's and drafter's cost curves, the
+            drafter's pooled acceptance for the decoding mode), a `VerificationPolicy`, or `"none"` (ℓ = 0, no
+            drafting: the no-speculation baseline).
         do_sample, temperature, top_k, top_p: decoding settings shared by all requests.
         eos_token_id: token id(s) that end a request (default: the target's generation config).
         max_running: at most this many requests in the running batch; the rest wait.
@@ -106,6 +116,8 @@ class DSparkEngine:
                  max_running: int = 64) -> None:
         if policy != "none" and drafter is None:
             raise ValueError(f"policy {policy!r} needs a drafter; use policy='none' for plain decoding")
+        if isinstance(policy, str) and policy != "none":
+            policy = _named_policy(policy, target, drafter, do_sample)
         if isinstance(policy, VerificationPolicy) and policy.name == "auto" and policy.greedy == do_sample:
             mode = "greedy" if policy.greedy else "sampling"
             raise ValueError(f"the 'auto' policy was built for {mode} (greedy={policy.greedy}) but the engine has "
