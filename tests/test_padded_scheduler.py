@@ -92,14 +92,45 @@ def test_draft_or_decode_drafts_only_the_rows_that_pay():
     assert chosen.tolist() == [False, True, False] and length == 2  # (3 + 1.85) / 1.3 beats 3 and the rest
 
 
-def test_sunk_cost_stop_is_algorithm_1_with_the_drafter_paid():
+def test_sunk_cost_stop_looks_past_a_dip_in_the_curve():
     from hf_dspark.padded_scheduler import padded_verify_seconds, sunk_cost_stop
 
     rising = StepCurve([1, 2, 3, 4], [1.0, 0.9, 0.5, 0.45])
+    verify = padded_verify_seconds(rising, 1, 3)
     survival = torch.tensor([[0.9, 0.8, 0.7]])
-    # Θ(L) = (1 + Σ a) / (0.5 + 1/SPS(1 + L)): 0.667, 1.19, 0.9 → stops after L = 1
-    assert sunk_cost_stop(survival, 1, padded_verify_seconds(rising, 1, 3), 0.5, 3) == 1
+    # Θ(L) = (1 + Σ a) / (0.5 + 1/SPS(1 + L)): 0.667, 1.18, 1.08, 1.25: L = 2 dips, L = 3 is best
+    assert sunk_cost_stop(survival, 1, verify, 0.5, 3) == 3
+    # earlier rounds say position 3 is rarely accepted: forecast Θ(3) = (1 + 0.9 + 0.8 + 0.08) / 2.72 < Θ(1)
+    assert sunk_cost_stop(survival, 1, verify, 0.5, 3, forecast=torch.tensor([[0.9, 0.9, 0.1]])) == 1
     assert sunk_cost_stop(survival, 1, padded_verify_seconds(FLAT, 1, 3), 0.5, 2) == 2  # capped by max_length
+    # the oracle's case on the fp32 CPU curve: every draft kept, T_verify(4) ≫ T_verify(3): L = γ, not 2
+    jagged = StepCurve([1, 2, 3, 4, 8], [1 / 58.9, 1 / 66.2, 1 / 73.5, 1 / 100.5, 1 / 140.3])
+    assert sunk_cost_stop(torch.full((1, 7), 0.99), 1, padded_verify_seconds(jagged, 1, 7), 0.0, 7) == 7
+
+
+def test_sunk_cost_stop_is_a_stopping_rule():
+    """Lossless: when it returns L, survivals after position L + 1 (which depend on drafts x_{>L}) were not read."""
+    from hf_dspark.padded_scheduler import padded_verify_seconds, sunk_cost_stop
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = set()
+    for _ in range(300):
+        rows, gamma = int(torch.randint(1, 4, (1,), generator=generator)), 6
+        costs = torch.rand(gamma + 2, generator=generator).cumsum(0)
+        curve = StepCurve(list(range(1, rows * (gamma + 1) + 1)),
+                          (1.0 / torch.rand(rows * (gamma + 1), generator=generator).add(0.5).cumsum(0)).tolist())
+        verify = padded_verify_seconds(curve, rows, gamma) if costs[0] > 0 else None
+        survival = torch.rand(rows, gamma, generator=generator).cumprod(-1)
+        forecast = torch.rand(rows, gamma, generator=generator)
+        draft = float(costs[-1])
+        length = sunk_cost_stop(survival, rows, verify, draft, gamma, forecast)
+        lengths.add(length)
+        if length + 1 < gamma:
+            changed = survival.clone()
+            changed[:, length + 1 :] = torch.rand(rows, gamma - length - 1, generator=generator)
+            changed[:, length + 1 :] = torch.minimum(changed[:, length + 1 :], changed[:, length : length + 1])
+            assert sunk_cost_stop(changed, rows, verify, draft, gamma, forecast) == length
+    assert len(lengths) > 3  # the cases reach several stopping points
 
 
 def test_appendix_a_lagged_draft_or_decode_is_lossless_and_a_leaky_rule_is_not():

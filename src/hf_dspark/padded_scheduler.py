@@ -15,7 +15,7 @@ all rows (prefix-closed by construction), and the objective reduces to one dimen
   Θ(k, L) = E[committed tokens] / (T_verify(R·(1 + L)) + T_draft(k)), and may choose k = 0 rows, L = 0: decode
   plainly without the drafter's forward. Its inputs are realised acceptances of earlier rounds (lagged).
 - `sunk_cost_stop`: once drafted, Algorithm 1's causal early stop on this round's survivals with the drafter's
-  cost already paid.
+  cost already paid, looking ahead with earlier rounds' acceptance so that a jagged curve does not stop it early.
 """
 
 from __future__ import annotations
@@ -106,19 +106,31 @@ def draft_or_decode(
 
 
 def sunk_cost_stop(survival: torch.Tensor, rows: int, verify_seconds: torch.Tensor, draft_seconds: float,
-                   max_length: int) -> int:
-    """Causal early stop on this round's survivals once the drafter has run (its cost is sunk).
+                   max_length: int, forecast: torch.Tensor | None = None) -> int:
+    """Causal early stop on this round's survivals once the drafter has run (its cost is sunk), with look-ahead.
+
+    Θ(L) = (rows + Σ_s Σ_{j≤L} a_{s,j}) / (draft_seconds + T_verify(rows·(1 + L))). At each L (from 0) the rule
+    knows a_{·,≤L+1} and forecasts later positions as a_{s,j} ≈ a_{s,L+1} · Π_{L+1<i≤j} q_{s,i}; it goes on to
+    L + 1 while some L' > L is forecast to beat Θ(L), up to `max_length`. Deciding on L + 1 reads a_{·,L+1} (a
+    function of drafts x_{≤L}) and `forecast` (earlier rounds only), so the rule is a stopping rule: lossless.
+    Looking ahead matters on a jagged curve (fp32 CPU: T_verify(4) ≫ T_verify(3), then flat), where stopping at the
+    first L whose successor does not improve Θ keeps good drafts short.
 
     survival: `[S, γ]` current prefix survivals of the S drafting rows in a batch of `rows` rows; verify_seconds:
-    `[γ + 1]` T_verify(rows·(1 + L)). Raises L from 0 while Θ(L) = (rows + Σ_s Σ_{j≤L} a_{s,j}) / (draft_seconds +
-    T_verify(rows·(1 + L))) strictly improves, up to `max_length`; deciding on L + 1 reads a_{·,L+1}, which depends
-    on drafts x_{≤L} only (lossless).
+    `[γ + 1]` T_verify(rows·(1 + L)); forecast: `[S, γ]` conditional acceptance q_{s,j} expected from earlier
+    rounds (None: 1, the optimistic bound a_{s,j} ≤ a_{s,L+1}). Returns L.
     """
     gamma = min(int(max_length), survival.shape[1])
     if gamma <= 0 or survival.shape[0] == 0:
         return 0
-    gains = survival[:, :gamma].to(torch.float64).clamp_min(0.0).sum(dim=0).cumsum(0)
-    tau = rows + torch.cat([gains.new_zeros(1), gains])
-    theta = tau / (draft_seconds + verify_seconds[: gamma + 1].to(gains.device))
-    improves = (theta[1:] > theta[:-1]).tolist()
-    return improves.index(False) if False in improves else gamma
+    known = survival[:, :gamma].to(torch.float64).clamp_min(0.0)
+    rates = torch.ones_like(known) if forecast is None else forecast[:, :gamma].to(known).clamp(0.0, 1.0)
+    cost = draft_seconds + verify_seconds[: gamma + 1].to(known)
+    banked = float(rows)  # rows + Σ_s Σ_{j≤L} a_{s,j}
+    for length in range(gamma):
+        ahead = known[:, length : length + 1] * torch.cumprod(rates[:, length + 1 :], dim=1)
+        gains = torch.cat([known[:, length].sum().view(1), ahead.sum(dim=0)]).cumsum(0)  # L' = L + 1 .. γ
+        if float(((banked + gains) / cost[length + 1 :]).max()) <= banked / float(cost[length]):
+            return length
+        banked += float(known[:, length].sum())
+    return gamma

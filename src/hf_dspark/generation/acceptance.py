@@ -158,11 +158,14 @@ class AcceptanceTracker:
                 self._counts = grown
         return torch.tensor([self._slots.get(row, 0) for row in rows], dtype=torch.long)
 
-    def survival(self, rows: list[Any]) -> torch.Tensor:
-        """â `[R, γ]` (float64, CPU) for `rows` from their own counts and the pooled prior."""
+    def conditional(self, rows: list[Any]) -> torch.Tensor:
+        """q̂ `[R, γ]` (float64, CPU): each row's conditional acceptance from its own counts and the pooled prior."""
         counts = self._counts.index_select(0, self._slot_index(rows, create=False))
-        q = (counts[:, 0] + self.prior_weight * self.pooled()) / (counts[:, 1] + self.prior_weight)
-        return q.cumprod(dim=-1)
+        return (counts[:, 0] + self.prior_weight * self.pooled()) / (counts[:, 1] + self.prior_weight)
+
+    def survival(self, rows: list[Any]) -> torch.Tensor:
+        """â `[R, γ]` (float64, CPU) for `rows`: the running product of `conditional`."""
+        return self.conditional(rows).cumprod(dim=-1)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
         """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]`; rows with ℓ = 0 observe

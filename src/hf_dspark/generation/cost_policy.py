@@ -36,12 +36,14 @@ if TYPE_CHECKING:
 class DraftPlan:
     """Rows that draft this round (`rows`, indices into the active rows; None = all) and their planned uniform
     verification length (`length`; None = the policy decides from the proposal). `probe`: a refresh round;
-    `batch_rows`: active rows in the round (None: unknown), whose padding the verification pays for."""
+    `batch_rows`: active rows in the round (None: unknown), whose padding the verification pays for; `forecast`:
+    the drafting rows' conditional acceptance `[S, γ]` from earlier rounds (the sunk-cost stop's look-ahead)."""
 
     rows: torch.Tensor | None = None
     length: int | None = None
     probe: bool = False
     batch_rows: int | None = None
+    forecast: torch.Tensor | None = None
 
     @property
     def drafts(self) -> bool:
@@ -128,7 +130,9 @@ class CostAwarePlanner:
         memory = self.tracker.memory
         if length > 0:
             memory.rounds_since_probe = 0
-            return DraftPlan(rows=chosen.nonzero().flatten(), length=length, batch_rows=count)
+            drafting = chosen.nonzero().flatten()
+            forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
+            return DraftPlan(rows=drafting, length=length, batch_rows=count, forecast=forecast)
         memory.rounds_since_probe += 1
         due = not memory.observed or memory.rounds_since_probe >= max(memory.probe_interval, self.min_interval)
         if not due or not bool((cap > 0).any()):

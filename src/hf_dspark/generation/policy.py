@@ -169,7 +169,8 @@ class VerificationPolicy:
         if survival is not None and not self._plan.probe:
             total = self._plan.batch_rows or rows
             sunk = float(self._planner.draft_seconds(rows)[rows])
-            length = sunk_cost_stop(survival, total, self._planner.verify_seconds(total), sunk, length)
+            length = sunk_cost_stop(survival, total, self._planner.verify_seconds(total), sunk, length,
+                                    forecast=self._plan.forecast)
         return torch.full((rows,), length, dtype=torch.long, device=device)
 
     def _scheduled(self, survival: torch.Tensor | None) -> torch.Tensor:
