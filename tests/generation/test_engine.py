@@ -112,6 +112,45 @@ def test_engine_takes_policy_names_as_generate_does(setup, name):
         DSparkEngine(target, drafter, policy="fastest")
 
 
+@pytest.mark.parametrize("policy", ["none", "fixed"])
+def test_engine_request_finished_by_its_first_token_gets_no_more(setup, policy):
+    target, prompts, references = setup
+    first = int(references[0][prompts[0].numel()])
+    for kwargs, new in ((dict(), 1), (dict(eos_token_id=first), 4)):
+        engine = DSparkEngine(target, make_drafter(target), policy=policy, **kwargs)
+        early = engine.add_request(prompts[0], max_new_tokens=new)
+        other = engine.add_request(prompts[1], max_new_tokens=3)
+        while engine.has_work():
+            engine.step()
+        assert engine.result(early).generated == [first], kwargs  # nothing after max_new_tokens or EOS
+        assert len(engine.result(other).generated) == 3
+
+
+def test_engine_refuses_bad_requests_and_settings_before_running(setup):
+    target, prompts, _ = setup
+    drafter = make_drafter(target)
+    engine = DSparkEngine(target, drafter, policy="fixed")
+    kept = engine.add_request(prompts[0], max_new_tokens=2)
+    vocab = target.get_input_embeddings().num_embeddings
+    for bad, match in (([[5, 6], [7, 8]], "one prompt"), (torch.tensor([5.5, 6.0]), "integers"),
+                       ("hello", "not text"), ([5, vocab], "outside the target's vocabulary"), ([-1, 5], "outside")):
+        with pytest.raises(ValueError, match=match):
+            engine.add_request(bad, max_new_tokens=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.add_request([5, 6], max_new_tokens=2.5)
+    assert engine.waiting == [kept]  # a refused request leaves the queue as it was
+    assert engine.add_request(torch.tensor([[5, 6, 7]]), max_new_tokens=1) == kept + 1  # [1, L] is one prompt
+    with pytest.raises(KeyError, match="unknown request id 999"):
+        engine.result(999)
+    with pytest.raises(ValueError, match="max_running"):
+        DSparkEngine(target, drafter, policy="fixed", max_running=0)
+    with pytest.raises(ValueError, match="policy must be"):
+        DSparkEngine(target, drafter, policy=None)
+    gamma = drafter.config.block_size
+    with pytest.raises(ValueError, match=f"block_size={gamma + 1}"):
+        DSparkEngine(target, drafter, policy=VerificationPolicy("fixed", block_size=gamma + 1))
+
+
 def test_serve_benchmark_smoke(setup, tmp_path):
     target, prompts, _ = setup
     config = ServeConfig(concurrency=[1, 3], requests_per_level=3, max_new_tokens=8, threads=1,

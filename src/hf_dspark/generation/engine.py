@@ -85,6 +85,41 @@ def _warpers(do_sample: bool, temperature: float, top_k: int | None, top_p: floa
     return warpers
 
 
+def _check_engine_arguments(policy, drafter, max_running) -> None:
+    """Refuse a bad policy / drafter pairing or batch size before anything runs."""
+    if not isinstance(policy, (str, VerificationPolicy)):
+        raise ValueError(f"policy must be 'none', a policy name or a VerificationPolicy; got {type(policy).__name__}.")
+    if policy != "none" and drafter is None:
+        raise ValueError(f"policy {policy!r} needs a drafter; use policy='none' for plain decoding")
+    gamma = getattr(getattr(drafter, "config", None), "block_size", None)
+    if isinstance(policy, VerificationPolicy) and gamma is not None and policy.block_size != gamma:
+        raise ValueError(f"the policy was built for block_size={policy.block_size} but the drafter drafts γ = {gamma} "
+                         f"tokens; build it with block_size={gamma}.")
+    if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+        raise ValueError(f"max_running must be an int >= 1 (requests in the running batch), got {max_running!r}.")
+
+
+def _prompt_tensor(prompt_ids, vocab_size: int) -> torch.Tensor:
+    """One prompt as a 1-D long tensor: a list of ints, a 1-D integer tensor or a `[1, L]` one; ids in 0..V-1."""
+    if isinstance(prompt_ids, (str, bytes)):
+        raise ValueError("add_request takes token ids (a list of ints or an integer tensor), not text: tokenize the "
+                         "prompt first (chat template applied).")
+    prompt = torch.as_tensor(prompt_ids)
+    if prompt.numel() == 0:
+        raise ValueError("a request needs at least one prompt token and max_new_tokens >= 1")
+    if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+        raise ValueError(f"prompt ids must be integers, got dtype {prompt.dtype}.")
+    if prompt.dim() == 2 and prompt.shape[0] == 1:
+        prompt = prompt[0]
+    if prompt.dim() != 1:
+        raise ValueError(f"add_request takes one prompt (a 1-D sequence or [1, L]), got shape {tuple(prompt.shape)}; "
+                         "call add_request once per row of a batch.")
+    if int(prompt.min()) < 0 or int(prompt.max()) >= vocab_size:
+        bad = prompt[(prompt < 0) | (prompt >= vocab_size)].tolist()
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the target's vocabulary 0..{vocab_size - 1}.")
+    return prompt.long().cpu()
+
+
 def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool) -> VerificationPolicy:
     """The policy `generate` builds for `dspark_policy=name`: the curves of this target and drafter (cache, shipped,
     else profiled once) and, for "auto", the drafter's pooled acceptance for the decoding mode."""
@@ -114,8 +149,7 @@ class DSparkEngine:
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | list[int] | None = None,
                  max_running: int = 64) -> None:
-        if policy != "none" and drafter is None:
-            raise ValueError(f"policy {policy!r} needs a drafter; use policy='none' for plain decoding")
+        _check_engine_arguments(policy, drafter, max_running)
         if isinstance(policy, str) and policy != "none":
             policy = _named_policy(policy, target, drafter, do_sample)
         if isinstance(policy, VerificationPolicy) and policy.name == "auto" and policy.greedy == do_sample:
@@ -148,9 +182,10 @@ class DSparkEngine:
     # ------------------------------------------------------------------ public API
     def add_request(self, prompt_ids: torch.Tensor | list[int], max_new_tokens: int = 128) -> int:
         """Queue a request (token ids of the full prompt, chat template applied); returns its id."""
-        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).reshape(-1)
-        if prompt.numel() == 0 or max_new_tokens < 1:
-            raise ValueError("a request needs at least one prompt token and max_new_tokens >= 1")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"a request needs at least one prompt token and max_new_tokens >= 1 (an int), got "
+                             f"max_new_tokens={max_new_tokens!r}")
+        prompt = _prompt_tensor(prompt_ids, int(self.target.get_input_embeddings().num_embeddings))
         rid = self._next_id
         self._next_id += 1
         self.requests[rid] = EngineRequest(rid, prompt, max_new_tokens, arrival=time.perf_counter())
@@ -161,11 +196,14 @@ class DSparkEngine:
         return bool(self.waiting or self.running)
 
     def result(self, request_id: int) -> EngineRequest:
+        """The request's state: `generated` tokens so far, `finished`, timings."""
+        if request_id not in self.requests:
+            raise KeyError(f"unknown request id {request_id!r}: add_request returns the ids this engine knows")
         return self.requests[request_id]
 
     def cancel(self, request_id: int) -> None:
         """Finish a request now (waiting or running); its tokens so far stay in `result`."""
-        request = self.requests[request_id]
+        request = self.result(request_id)
         request.finished, request.finished_at = True, time.perf_counter()
         if request_id in self.waiting:
             self.waiting.remove(request_id)
@@ -176,6 +214,7 @@ class DSparkEngine:
         """Admit waiting requests, run one round; returns (request_id, new tokens) for every request that gained."""
         start = time.perf_counter()
         events = self._admit()
+        self._drop_finished()  # a request can finish on its first token (EOS, max_new_tokens = 1)
         if self.batch is not None:
             events += self._round(start)
         self._drop_finished()
@@ -195,7 +234,11 @@ class DSparkEngine:
             ids[i, width - prompt.numel() :], mask[i, width - prompt.numel() :] = prompt, 1
         device = self.target.device
         ids, mask = ids.to(device), mask.to(device)
-        out = prefill_target(self.target, ids, mask, None, None, self.taps)  # sliding windows become masks
+        try:
+            out = prefill_target(self.target, ids, mask, None, None, self.taps)  # sliding windows become masks
+        except Exception:
+            self.waiting = new + self.waiting  # nothing was admitted: the requests wait again
+            raise
         first = self._pick(self.processors.apply([], [], out.logits))
         batch = self.kernel.start(new, first, out.target, out.features, out.valid)
         if self.batch is None:
@@ -234,6 +277,8 @@ class DSparkEngine:
 
     def _commit(self, rid: int, tokens: list[int]) -> list[int]:
         request = self.requests[rid]
+        if request.finished:
+            return []
         request.rounds += 1
         kept = []
         for token in tokens:
