@@ -104,19 +104,37 @@ class StepCurve:
 
     @classmethod
     def from_dict(cls, payload: dict[str, Any]) -> StepCurve:
+        """A curve from `to_dict`'s JSON object; ValueError for anything else."""
+        if not isinstance(payload, dict):
+            raise ValueError(f"A step curve is a JSON object, got {type(payload).__name__}.")
+        version = payload.get("format_version", _STEP_CURVE_FORMAT)
+        if version != _STEP_CURVE_FORMAT:
+            raise ValueError(f"Step-curve format_version {version!r} is not {_STEP_CURVE_FORMAT}, the one this "
+                             "release reads; profile the curve again with `hf-dspark profile`.")
         known = {"batch_tokens", "steps_per_second", "model", "device", "dtype", "threads", "created", "profiler"}
         unknown = set(payload) - known - {"format_version"}
         if unknown:
             logger.warning(f"Ignoring unknown step-curve fields: {sorted(unknown)}")
         if "batch_tokens" not in payload or "steps_per_second" not in payload:
             raise ValueError("A step curve needs 'batch_tokens' and 'steps_per_second'.")
+        points = (payload["batch_tokens"], payload["steps_per_second"])
+        if not all(isinstance(v, list) and all(_is_number(x) for x in v) for v in points):
+            raise ValueError("A step curve's 'batch_tokens' and 'steps_per_second' must be lists of numbers.")
+        threads = payload.get("threads")
+        if threads is not None and not (isinstance(threads, int) and not isinstance(threads, bool)):
+            raise ValueError(f"A step curve's 'threads' must be an integer or null, got {threads!r}.")
         return cls(**{k: v for k, v in payload.items() if k in known})
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> StepCurve:
-        """Read a curve written by `save`."""
-        with open(path, encoding="utf-8") as handle:
-            return cls.from_dict(json.load(handle))
+        """Read a curve written by `save`; ValueError naming `path` when it is not one."""
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return cls.from_dict(json.load(handle))
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{path} is not a step-curve JSON file ({error}).") from error
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from error
 
     def plot(self, path: str | os.PathLike, title: str | None = None, drafter: bool = False) -> None:
         """Write a PNG of SPS(B) and of the token throughput B·SPS(B) (matplotlib Agg canvas, no pyplot); with
@@ -142,6 +160,10 @@ class StepCurve:
         ax.set_title(title or f"{kind}{': ' + meta if meta else ''}{threads}", fontsize=9)
         fig.tight_layout()
         fig.savefig(os.fspath(path), dpi=120)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_survival(survival: torch.Tensor) -> torch.Tensor:

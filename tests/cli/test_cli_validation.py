@@ -160,3 +160,19 @@ def test_eval_refuses_ambiguous_drafter_names(argv, expected, capsys, monkeypatc
     monkeypatch.setattr(eval_cli, "load_target", lambda *a, **k: pytest.fail("loaded before validating"))
     err = _usage_error(["eval", *argv], capsys)
     assert err.startswith("usage: hf-dspark eval") and expected in err
+
+
+def test_profile_refuses_to_replace_a_user_file_or_write_into_a_folder(tmp_path, capsys, monkeypatch):
+    from hf_dspark.cli import scheduling
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were validated")
+
+    monkeypatch.setattr(scheduling, "load_target", forbidden)
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}')
+    err = _usage_error(["profile", "--out", str(notes)], capsys)
+    assert "is not a curve saved by hf-dspark profile" in err and "--overwrite" in err
+    assert notes.read_text() == '{"mine": 1}'
+    assert f"--out {tmp_path} is a folder" in _usage_error(["profile", "--out", str(tmp_path)], capsys)
+    assert f"--plot {tmp_path} is a folder" in _usage_error(["profile", "--plot", str(tmp_path)], capsys)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from .loaders import add_runtime_arguments, load_drafter_spec, load_target, positive_int
-from .validation import check_drafter_path, check_files
+from .validation import check_drafter_path, check_files, check_output_parent
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -20,6 +21,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if args.drafter is not None and args.drafter != "untrained" and not args.drafter.startswith("untrained:"):
         check_drafter_path(args.parser, "--drafter", args.drafter)
+    _check_profile_outputs(args)
     target, _ = load_target(args.target, args.dtype, tokenizer=False, device=args.device)
     timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, statistic=args.statistic)
     if args.drafter is None:
@@ -40,8 +42,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"wrote {out}")
     if args.plot:
         curve.plot(args.plot, drafter=args.drafter is not None)
-        print(f"wrote {args.plot}")
+        print(f"wrote {args.plot if Path(args.plot).suffix else args.plot + '.png'}")
     return 0
+
+
+def _check_profile_outputs(args: argparse.Namespace) -> None:
+    """--out and --plot are checked before the target loads: folders exist, neither is a folder, and --out replaces
+    only a curve saved earlier unless --overwrite is given."""
+    from ..io_utils import check_replaceable
+
+    for option, path in (("--out", args.out), ("--plot", args.plot)):
+        if path:
+            check_output_parent(args.parser, option, path)
+    if args.out:
+        try:
+            check_replaceable(args.out, ("batch_tokens", "steps_per_second"), "a curve saved by hf-dspark profile",
+                              args.overwrite)
+        except ValueError as error:
+            args.parser.error(str(error))
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -80,7 +98,10 @@ def add_profile_command(sub) -> None:
                          "untrained[:γ]; drafters of one architecture share the curve (saved per architecture)")
     add_runtime_arguments(profile, threads=1, auto_dtype=False)
     profile.add_argument("--out", default=None, help="JSON path (default: the user cache that generate reads)")
-    profile.add_argument("--plot", default=None, help="also write a PNG plot here")
+    profile.add_argument("--plot", default=None, help="also write a PNG plot here (matplotlib adds .png to a name "
+                         "without an extension)")
+    profile.add_argument("--overwrite", action="store_true",
+                         help="let --out replace an existing file that is not a curve saved by hf-dspark profile")
     profile.add_argument("--batch-tokens", type=positive_int, nargs="+", default=None,
                          help="B values (default: 1-8, 12 ... 128); with --drafter, row counts R (default: 1-4, 6, "
                          "8 ... 64)")
