@@ -87,3 +87,18 @@ def test_enable_disable_keep_other_assistants_on_the_stock_path(pair):
     disable(target)
     assert not is_enabled(target)
     enable(target)
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    (dict(threshold=5.0), "dspark_threshold must be a number in"),
+    (dict(verify_len=2.5), "dspark_verify_len must be a non-negative integer"),
+    (dict(block_size=0), "block_size"),
+    (dict(name="lagged", step_curve={"a": 1}), "must be a StepCurve or the path"),
+    (dict(name="lagged", step_curve="no/such/curve.json"), "no such file"),
+    (dict(name="fastest"), "dspark_policy must be one of"),
+])
+def test_verification_policy_built_directly_is_validated_like_generate_options(settings, match):
+    from hf_dspark.generation.policy import VerificationPolicy
+
+    with pytest.raises(ValueError, match=match):
+        VerificationPolicy(**{"name": "fixed", "block_size": 4, **settings})

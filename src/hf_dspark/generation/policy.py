@@ -38,6 +38,7 @@ from ..padded_scheduler import sunk_cost_stop
 from ..step_curve import StepCurve
 from .acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker, heldout_acceptance, memory_for
 from .cost_policy import CostAwarePlanner, DraftPlan
+from .options import validate_dspark_options
 
 if TYPE_CHECKING:
     from ..modeling_outputs import DSparkProposal
@@ -100,8 +101,12 @@ class VerificationPolicy:
     _plan: DraftPlan = field(default_factory=DraftPlan, repr=False)
 
     def __post_init__(self) -> None:
-        if self.name not in POLICIES:
-            raise ValueError(f"dspark_policy must be one of {POLICIES}, got {self.name!r}.")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size (γ, the drafter's draft tokens per round) must be an int >= 1, got "
+                             f"{self.block_size!r}.")
+        validate_dspark_options({"dspark_policy": self.name, "dspark_verify_len": self.verify_len,
+                                 "dspark_threshold": self.threshold, "dspark_step_curve": self.step_curve,
+                                 "dspark_draft_curve": self.draft_curve})
         if self.verify_len is not None and not 0 <= self.verify_len <= self.block_size:
             raise ValueError(f"dspark_verify_len must be in 0..{self.block_size} (γ), got {self.verify_len}.")
         if self.name in LOAD_AWARE and self.step_curve is None:
