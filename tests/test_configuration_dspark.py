@@ -65,6 +65,16 @@ def test_from_target_families(make, qk_norm, multiplier):
         ({"calibration_temperatures": [1.0, -1.0, 1.0, 1.0], "block_size": 4}, "> 0"),
         ({"mask_token_id": 10_000}, "outside the vocabulary"),
         ({"sample_from_anchor": False}, "DFlash"),
+        ({"block_size": 2.0}, "block_size must be an integer"),
+        ({"block_size": True}, "block_size must be an integer"),
+        ({"num_key_value_heads": 0}, "num_key_value_heads must be an integer >= 1"),
+        ({"num_attention_heads": 0}, "num_attention_heads must be an integer >= 1"),
+        ({"target_layer_ids": [1.5]}, "list of target layer indices"),
+        ({"target_layer_ids": "0,2"}, "list of target layer indices"),
+        ({"heldout_acceptance": [0.5]}, "heldout_acceptance must map a decoding mode"),
+        ({"num_hidden_layers": "2"}, "num_hidden_layers must be an integer"),
+        ({"rms_norm_eps": -1}, "rms_norm_eps must be a number > 0"),
+        ({"intermediate_size": 0}, "intermediate_size must be an integer >= 1"),
     ],
 )
 def test_invalid_combinations_name_the_fix(overrides, message):

@@ -32,6 +32,29 @@ def default_target_layer_ids(num_target_layers: int, num_taps: int = 5) -> list[
     return sorted({round(low + i * (high - low) / (count - 1)) for i in range(count)})
 
 
+def _check_sizes(**sizes: Any) -> None:
+    """Every size is an int >= 1 (None allowed only for head_dim, derived from the others)."""
+    for name, value in sizes.items():
+        if value is None and name == "head_dim":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+
+
+def _check_shapes(target_layer_ids: Any, heldout_acceptance: Any, rms_norm_eps: Any) -> None:
+    """target_layer_ids: None or a list of ints; heldout_acceptance: None or {mode: [rates]}; rms_norm_eps > 0."""
+    if target_layer_ids is not None and (
+        isinstance(target_layer_ids, (str, bytes)) or not hasattr(target_layer_ids, "__iter__")
+        or any(isinstance(i, bool) or not isinstance(i, int) for i in target_layer_ids)
+    ):
+        raise ValueError(f"target_layer_ids must be a list of target layer indices (ints), got {target_layer_ids!r}.")
+    if heldout_acceptance is not None and not isinstance(heldout_acceptance, dict):
+        raise ValueError("heldout_acceptance must map a decoding mode ('greedy', 'sampling') to per-position rates, "
+                         f"got {heldout_acceptance!r}.")
+    if isinstance(rms_norm_eps, bool) or not isinstance(rms_norm_eps, (int, float)) or not rms_norm_eps > 0:
+        raise ValueError(f"rms_norm_eps must be a number > 0, got {rms_norm_eps!r}.")
+
+
 class DSparkConfig(PreTrainedConfig):
     """Configuration of a DSpark drafter.
 
@@ -124,6 +147,11 @@ class DSparkConfig(PreTrainedConfig):
         draft_vocab_size: int | None = None,
         **kwargs: Any,
     ) -> None:
+        _check_sizes(block_size=block_size, num_hidden_layers=num_hidden_layers, num_target_layers=num_target_layers,
+                     hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+                     num_key_value_heads=num_key_value_heads, intermediate_size=intermediate_size,
+                     max_position_embeddings=max_position_embeddings, vocab_size=vocab_size, head_dim=head_dim)
+        _check_shapes(target_layer_ids, heldout_acceptance, rms_norm_eps)
         self.block_size = block_size
         self.num_hidden_layers = num_hidden_layers
         self.num_target_layers = num_target_layers
