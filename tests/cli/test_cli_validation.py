@@ -176,3 +176,34 @@ def test_profile_refuses_to_replace_a_user_file_or_write_into_a_folder(tmp_path,
     assert notes.read_text() == '{"mine": 1}'
     assert f"--out {tmp_path} is a folder" in _usage_error(["profile", "--out", str(tmp_path)], capsys)
     assert f"--plot {tmp_path} is a folder" in _usage_error(["profile", "--plot", str(tmp_path)], capsys)
+
+
+def test_eval_checks_sets_limit_and_drafters_before_loading(tmp_path, capsys, monkeypatch):
+    from hf_dspark.cli import eval as eval_cli
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were validated")
+
+    monkeypatch.setattr(eval_cli, "load_target", forbidden)
+    sets = tmp_path / "set.jsonl"
+    sets.write_text('{"turns": ["hi"]}\n')
+    out = ["--out", str(tmp_path / "eval.json")]
+    assert "missing.jsonl" in _usage_error(["eval", "--sets", str(tmp_path / "missing.jsonl"), *out], capsys)
+    assert "--limit" in _usage_error(["eval", "--sets", str(sets), "--limit", "0", *out], capsys)
+    err = _usage_error(["eval", "--sets", str(sets), "--drafters", "a=/no/such/drafter", *out], capsys)
+    assert "no such folder" in err
+    err = _usage_error(["eval", "--sets", str(sets), "--drafters", "a=untrained:abc", *out], capsys)
+    assert "must be an integer >= 1" in err
+
+
+def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(capsys, no_model_load):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert "CUDA device(s)" in _usage_error(["demo", "--device", "cuda:7"], capsys)
+
+
+def test_export_checks_the_drafter_before_loading_the_target(tmp_path, capsys):
+    err = _usage_error(["export", "--drafter", str(tmp_path / "none"), str(tmp_path / "out")], capsys)
+    assert "no such folder" in err and not (tmp_path / "out").exists()

@@ -108,11 +108,13 @@ def test_prepare_data_regenerates_all_turns_and_resumes(tmp_path, byte_tokenizer
     assert len(dataset) == 4
 
 
-def test_prepare_data_config_validation():
+def test_prepare_data_config_validation(tmp_path):
     with pytest.raises(ValueError, match="inputs"):
         PrepareDataConfig(inputs=[], output_dir="x")
     with pytest.raises(ValueError, match="top_p"):
         PrepareDataConfig(inputs=["a"], output_dir="x", top_p=0)
+    with pytest.raises(ValueError, match=r"inputs: .*missing\.jsonl does not exist"):  # before any model loads
+        PrepareDataConfig(inputs=[str(tmp_path / "missing.jsonl")], output_dir="x")
 
 
 def test_prepare_data_command_line(tmp_path, byte_tokenizer):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -105,11 +107,16 @@ def test_train_entry_online_and_offline(tmp_path, tiny_target_dir):
 
 
 def test_parse_train_args_and_validation(tmp_path):
+    files = [str(tmp_path / name) for name in ("a.jsonl", "b.jsonl")]
+    for name in files:
+        Path(name).write_text("")
     config, args = parse_train_args(
-        ["--data", "a.jsonl", "b.jsonl", "--output_dir", str(tmp_path), "--head_type", "none",
+        ["--data", *files, "--output_dir", str(tmp_path), "--head_type", "none",
          "--target_layer_ids", "1", "3", "--alpha_tv", "0.5", "--use_cpu", "--report_to", "none"]
     )
-    assert config.data == ["a.jsonl", "b.jsonl"] and config.target_layer_ids == [1, 3]
+    assert config.data == files and config.target_layer_ids == [1, 3]
+    with pytest.raises(ValueError, match=r"data: .*missing\.jsonl does not exist"):  # before the target loads
+        DSparkTrainConfig(data=[str(tmp_path / "missing.jsonl")])
     assert config.head_type == "none" and args.alpha == (0.1, 0.5, 1.0)
     with pytest.raises(ValueError, match="feature_cache_dir"):
         _args(tmp_path, feature_mode="offline")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_drafter_spec, load_target
+from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_drafter_spec, load_target, positive_int
+from .validation import check_drafter_spec, check_files
 
 PAPER_SETS = ["data/eval/gsm8k.jsonl", "data/eval/math500.jsonl", "data/eval/aime25.jsonl",
               "data/eval/humaneval.jsonl", "data/eval/mbpp.jsonl", "data/eval/mt-bench.jsonl"]
@@ -38,6 +39,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..eval.eval_report import format_table
 
     check_drafter_names(args)
+    check_files(args.parser, "--sets", args.sets)
+    for name, path in args.drafters:
+        check_drafter_spec(args.parser, f"--drafters {name}=", path)
     config = EvalConfig(sets=args.sets, temperature=args.temperature, block_size=args.block_size,
                         sweep_gammas=args.sweep, prompt_lookup=args.prompt_lookup, limit=args.limit,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
@@ -69,7 +73,7 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--block-size", type=int, default=None,
                     help="ℓ = γ for the main table (default: each drafter's own block size)")
     ev.add_argument("--sweep", type=int, nargs="*", default=[4, 8, 12, 16], help="γ of the proposal-length sweep")
-    ev.add_argument("--limit", type=int, default=None, help="prompts per set, >= 1 (default: all)")
+    ev.add_argument("--limit", type=positive_int, default=None, help="prompts per set, >= 1 (default: all)")
     ev.add_argument("--max-new-tokens", type=int, default=256, help="tokens per turn")
     ev.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
     ev.add_argument("--seed", type=int, default=0, help="base seed of the sampling runs")

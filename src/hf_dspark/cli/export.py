@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 
 from .loaders import DTYPE_CHOICES, step_curve_file
+from .validation import check_drafter_path
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Load the target (default: the embedded one) and the drafter, export, and print what was written."""
     from ..interop.export import export_from_paths, exported_summary
 
+    check_drafter_path(args.parser, "--drafter", args.drafter)  # before the target loads
     out = export_from_paths(args.drafter, args.out, target_path=args.target, step_curve=args.step_curve,
                             dtype=args.dtype, overwrite=args.overwrite)
     print(f"wrote {out}: {exported_summary(out)}")

@@ -32,9 +32,13 @@ def device_name(text: str) -> str:
     import torch
 
     try:
-        torch.device(text)
+        device = torch.device(text)
     except RuntimeError as error:
         raise argparse.ArgumentTypeError(f"not a torch device: {text!r} ({error})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (device.index is not None and device.index >= count):
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s); use cpu or auto")
     return text
 
 

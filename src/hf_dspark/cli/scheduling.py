@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from .loaders import add_runtime_arguments, load_drafter_spec, load_target, positive_int
-from .validation import check_drafter_path, check_files, check_output_parent
+from .validation import check_drafter_path, check_drafter_spec, check_files, check_output_parent
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -19,8 +19,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         step_curve_path,
     )
 
-    if args.drafter is not None and args.drafter != "untrained" and not args.drafter.startswith("untrained:"):
-        check_drafter_path(args.parser, "--drafter", args.drafter)
+    check_drafter_spec(args.parser, "--drafter", args.drafter)
     _check_profile_outputs(args)
     target, _ = load_target(args.target, args.dtype, tokenizer=False, device=args.device)
     timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, statistic=args.statistic)

@@ -43,3 +43,15 @@ def check_output_parent(parser: argparse.ArgumentParser, option: str, path: str)
         parent = parent.parent
     if not parent.is_dir():
         parser.error(f"{option} {path}: {parent} is not a folder")
+
+
+def check_drafter_spec(parser: argparse.ArgumentParser, option: str, spec: str | None) -> None:
+    """`untrained` / `untrained:γ` (γ an integer >= 1) or a drafter folder / Hub id (`check_drafter_path`)."""
+    if spec is None:
+        return
+    if spec == "untrained" or spec.startswith("untrained:"):
+        gamma = spec.partition(":")[2]
+        if gamma and (not gamma.isdigit() or int(gamma) < 1):
+            parser.error(f"{option} {spec}: γ after 'untrained:' must be an integer >= 1, e.g. untrained:7")
+        return
+    check_drafter_path(parser, option, spec)

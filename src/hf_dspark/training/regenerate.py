@@ -121,6 +121,10 @@ class PrepareDataConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
         if self.max_prompts_per_file is not None and self.max_prompts_per_file < 1:
             raise ValueError(f"max_prompts_per_file must be >= 1 (omit it for all), got {self.max_prompts_per_file}.")
+        try:
+            expand_jsonl_paths(self.inputs)  # before the target loads
+        except FileNotFoundError as error:
+            raise ValueError(f"inputs: {error}") from None
 
 
 def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):

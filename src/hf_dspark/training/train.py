@@ -25,7 +25,7 @@ from ..configuration_dspark import HEAD_TYPES
 from ..interop.sources import resolve_model_source
 from ..modeling_dspark import DSparkDrafter
 from .checkpoints import check_output_dir, checkpoint_problem, last_complete_checkpoint, save_final_model
-from .data import DSparkDataset, build_dataset, load_conversations, split_validation
+from .data import DSparkDataset, build_dataset, expand_jsonl_paths, load_conversations, split_validation
 from .drafter_init import build_training_drafter, draft_vocab_from_examples, end_of_turn_ids
 from .features import TargetFeatureProvider, build_feature_cache
 from .trainer import DSparkTrainer, DSparkTrainingArguments
@@ -144,6 +144,10 @@ class DSparkTrainConfig:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}.")
         if self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}.")
+        try:
+            expand_jsonl_paths(self.data)  # before the target loads
+        except FileNotFoundError as error:
+            raise ValueError(f"data: {error}") from None
 
     def drafter_overrides(self) -> dict:
         overrides = {
