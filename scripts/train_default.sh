@@ -9,6 +9,9 @@
 #   RECIPE=v4 scripts/train_default.sh       # v4: the v3 recipe warm-started from the fp32 v3 checkpoint (or shipped v3),
 #                                            # seed 2 (another new data order)
 #   RECIPE=v5 scripts/train_default.sh       # v5: the v4 recipe warm-started from the fp32 v4 checkpoint, seed 3
+#   RECIPE=v6 scripts/train_default.sh dspark  # v6: from shipped v5, 4 sequences per step, a gentler cosine (peak LR
+#                                            # 2e-4, 30 warm-up steps) over 800 steps, seed 4: tests whether the
+#                                            # restarts at 5e-4 and the 2-sequence batches held v3-v5 back
 #   STEPS=4000 THREADS=2 scripts/train_default.sh dspark
 #   NPROC=2 scripts/train_default.sh         # 2 data-parallel CPU processes via accelerate (gloo)
 #
@@ -54,7 +57,7 @@ launch() {
 }
 
 train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3/v4 change steps, LR, seed, start and folder
-  local name="$1" steps=400 lr=3e-4 seed="$SEED" evals=50 init="src/hf_dspark/resources/drafters/$1"
+  local name="$1" steps=400 lr=3e-4 seed="$SEED" evals=50 init="src/hf_dspark/resources/drafters/$1" batch=2 warmup=10
   if [[ "$RECIPE" == "v3" ]]; then steps=1200 lr=5e-4 seed=1 evals=100; fi
   if [[ "$RECIPE" == "v4" ]]; then
     steps=1200 lr=5e-4 seed=2 evals=100
@@ -64,10 +67,14 @@ train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3/v4 chang
     steps=1200 lr=5e-4 seed=3 evals=100
     if [[ -d "$OUT/$name-v4/checkpoint-1200" ]]; then init="$OUT/$name-v4/checkpoint-1200"; fi  # fp32, not bf16
   fi
+  if [[ "$RECIPE" == "v6" ]]; then
+    steps=800 lr=2e-4 seed=4 evals=100 batch=4 warmup=30
+    if [[ -d "$OUT/$name-v5/checkpoint-1200" ]]; then init="$OUT/$name-v5/checkpoint-1200"; fi  # fp32, not bf16
+  fi
   launch --data "$DATA" --output_dir "$OUT/$name-$RECIPE" --resume_from_checkpoint auto \
     --init_drafter "$init" --target_dtype bfloat16 --bf16 True --use_cpu True \
-    --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps "$steps" \
-    --learning_rate "$lr" --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \
+    --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size "$batch" --max_steps "$steps" \
+    --learning_rate "$lr" --lr_scheduler_type cosine --warmup_steps "$warmup" --weight_decay 0.0 \
     --validation_fraction 0.004 --eval_strategy steps --eval_steps "$evals" --per_device_eval_batch_size 4 \
     --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \
     --train_sampling_strategy group_by_length --num_threads "$THREADS" --report_to none --seed "$seed" --validation_seed "$SEED"
@@ -75,7 +82,7 @@ train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3/v4 chang
 
 train_one() {  # name, extra flags...
   local name="$1"; shift
-  if [[ "${RECIPE:-v1}" =~ ^v[2345]$ ]]; then
+  if [[ "${RECIPE:-v1}" =~ ^v[23456]$ ]]; then
     train_v2 "$name"
     return
   fi

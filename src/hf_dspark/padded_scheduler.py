@@ -123,14 +123,21 @@ def sunk_cost_stop(survival: torch.Tensor, rows: int, verify_seconds: torch.Tens
     gamma = min(int(max_length), survival.shape[1])
     if gamma <= 0 or survival.shape[0] == 0:
         return 0
-    known = survival[:, :gamma].to(torch.float64).clamp_min(0.0)
-    rates = torch.ones_like(known) if forecast is None else forecast[:, :gamma].to(known).clamp(0.0, 1.0)
-    cost = draft_seconds + verify_seconds[: gamma + 1].to(known)
-    banked = float(rows)  # rows + Σ_s Σ_{j≤L} a_{s,j}
+    # Plain Python on lists: S ≤ a few dozen rows and γ ≤ 16 make tensor ops slower here than the arithmetic.
+    known = survival[:, :gamma].to(torch.float64).clamp_min(0.0).tolist()  # a_{s,j}, j = 1..γ
+    rates = None if forecast is None else forecast[:, :gamma].to(torch.float64).clamp(0.0, 1.0).tolist()
+    cost = [draft_seconds + seconds for seconds in verify_seconds[: gamma + 1].to(torch.float64).tolist()]
+    banked = float(rows)  # rows + Σ_s Σ_{j≤L} a_{s,j}: Θ(L)'s numerator
     for length in range(gamma):
-        ahead = known[:, length : length + 1] * torch.cumprod(rates[:, length + 1 :], dim=1)
-        gains = torch.cat([known[:, length].sum().view(1), ahead.sum(dim=0)]).cumsum(0)  # L' = L + 1 .. γ
-        if float(((banked + gains) / cost[length + 1 :]).max()) <= banked / float(cost[length]):
+        column = [row[length] for row in known]  # a_{·,L+1}, known now
+        tokens = banked + sum(column)
+        best = tokens / cost[length + 1]
+        for later in range(length + 1, gamma):  # forecast a_{s,j} = a_{s,L+1} · Π_{L+1<i≤j} q_{s,i}
+            if rates is not None:
+                column = [value * rate[later] for value, rate in zip(column, rates)]
+            tokens += sum(column)
+            best = max(best, tokens / cost[later + 1])
+        if best <= banked / cost[length]:
             return length
-        banked += float(known[:, length].sum())
+        banked += sum(row[length] for row in known)
     return gamma

@@ -10,9 +10,11 @@ from .validation import check_drafter_path
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Load the target (default: the embedded one) and the drafter, export, and print what was written."""
-    from ..interop.export import export_from_paths, exported_summary
+    from ..interop.export import check_export_folder, export_from_paths, exported_summary
 
-    check_drafter_path(args.parser, "--drafter", args.drafter)  # before the target loads
+    # Both before the target loads: the output folder first (the costlier mistake), then the drafter path.
+    check_export_folder(args.out, args.overwrite, keep=(args.drafter, args.target))
+    check_drafter_path(args.parser, "--drafter", args.drafter)
     out = export_from_paths(args.drafter, args.out, target_path=args.target, step_curve=args.step_curve,
                             dtype=args.dtype, overwrite=args.overwrite)
     print(f"wrote {out}: {exported_summary(out)}")
