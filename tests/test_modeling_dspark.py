@@ -172,3 +172,27 @@ def test_block_sparse_training_attention_equals_the_dense_reference():
     used = anchors >= 0
     torch.testing.assert_close(sparse.logits[used], dense.logits[used], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(sparse.confidence_logits[used], dense.confidence_logits[used], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad", ["some/string", 3, "config"])
+def test_from_pretrained_with_a_target_that_is_not_a_model_is_a_type_error(tmp_path, bad):
+    target = make_target("llama")
+    make_drafter(target).save_pretrained(tmp_path)
+    bad = target.config if bad == "config" else bad
+    shown = "a LlamaConfig" if bad is target.config else f"the {type(bad).__name__} {bad!r}"
+    expected = rf"target must be the loaded target model .*got {shown}; load it first, e\.g\. target = AutoModel"
+    with pytest.raises(TypeError, match=expected):
+        DSparkDrafter.from_pretrained(tmp_path, target=bad)
+    with pytest.raises(TypeError, match="target must be the loaded target model"):
+        DSparkDrafter(DSparkConfig.from_target(target.config, block_size=3)).bind_target(bad)
+
+
+def test_save_pretrained_onto_a_file_is_refused_before_writing(tmp_path):
+    drafter = make_drafter(make_target("llama"))
+    existing = tmp_path / "notes.txt"
+    existing.write_text("keep me")
+    with pytest.raises(NotADirectoryError, match=rf"save_pretrained: {existing} is an existing file, not a folder"):
+        drafter.save_pretrained(existing)
+    with pytest.raises(NotADirectoryError, match=rf"cannot create the folder {existing}/sub: {existing} is a file"):
+        drafter.save_pretrained(existing / "sub")
+    assert existing.read_text() == "keep me" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import numbers
+
 from torch import nn
 
 from .configuration_dspark import DSparkConfig
 
 
+def check_target_model(target: object) -> None:
+    """Raise `TypeError` naming what was passed unless `target` is a loaded model (an `nn.Module` with a config and
+    input embeddings), e.g. a model id string or a config passed where the model itself is needed."""
+    if isinstance(target, nn.Module) and getattr(target, "config", None) is not None and callable(
+        getattr(target, "get_input_embeddings", None)
+    ):
+        return
+    shown = f"the {type(target).__name__} {target!r}" if isinstance(target, (str, bytes, numbers.Number)) else (
+        f"a {type(target).__name__}")
+    hint = (f"AutoModelForCausalLM.from_pretrained({target!r})" if isinstance(target, str)
+            else "AutoModelForCausalLM.from_pretrained(...)")
+    raise TypeError(
+        f"target must be the loaded target model (a transformers causal LM), got {shown}; load it first, e.g. "
+        f"target = {hint}, and pass that model."
+    )
+
+
 def _text_config(target: nn.Module):
-    config = getattr(target, "config", None)
-    if config is None:
-        raise TypeError(f"expected a transformers PreTrainedModel as target, got {type(target).__name__}")
+    check_target_model(target)
+    config = target.config
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 

@@ -34,6 +34,26 @@ def current_umask() -> int:
     return umask
 
 
+def check_folder_path(path: str | os.PathLike, what: str) -> None:
+    """Raise `NotADirectoryError` naming `path` when it is an existing file, or when a file stands where one of its
+    parent folders would be created; a missing folder is fine (the writer creates it). `what` names the caller,
+    e.g. "save_pretrained"."""
+    folder = Path(path).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise NotADirectoryError(
+            f"{what}: {os.fspath(path)} is an existing file, not a folder; pass a folder path (it is created if "
+            "missing). Nothing was written."
+        )
+    parent = folder.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if parent.exists() and not parent.is_dir():
+        raise NotADirectoryError(
+            f"{what}: cannot create the folder {os.fspath(path)}: {parent} is a file, not a folder; pass a folder "
+            "path. Nothing was written."
+        )
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder and `os.replace`, so a reader (or a
     resumed job) never sees half a file. Creates the folder; the file gets ordinary permissions (`_file_mode`)."""

@@ -22,6 +22,7 @@ from .draft_vocab import (
 )
 from .functional import calibrated_confidence, semi_autoregressive_logits
 from .heads import ConfidenceHead, MarkovHead, build_sequential_head
+from .io_utils import check_folder_path
 from .layers import DSparkDecoderLayer, DSparkRMSNorm, DSparkRope
 from .modeling_outputs import DraftLogitsProcessor, DSparkDrafterOutput, DSparkProposal
 
@@ -78,6 +79,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
     def save_pretrained(self, save_directory, *args: Any, **kwargs: Any):
         """`PreTrainedModel.save_pretrained` (safetensors, no target embedding/LM head), plus `auto_map` and the
         small remote-code shim so `AutoModel.from_pretrained(folder, trust_remote_code=True)` works on the Hub."""
+        check_folder_path(save_directory, "save_pretrained")  # transformers only logs it, then returns
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
             from .interop.hub import add_remote_code

@@ -207,3 +207,14 @@ def test_a_cuda_device_on_a_machine_without_one_is_a_usage_error(capsys, no_mode
 def test_export_checks_the_drafter_before_loading_the_target(tmp_path, capsys):
     err = _usage_error(["export", "--drafter", str(tmp_path / "none"), str(tmp_path / "out")], capsys)
     assert "no such folder" in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n"])
+def test_prepare_data_refuses_an_input_file_without_prompts(content, prompt_file, tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(content)
+    err = _usage_error(["prepare-data", "--inputs", prompt_file, str(empty), "--output_dir", str(tmp_path / "out")],
+                       capsys)
+    assert err.startswith("usage: hf-dspark prepare-data")
+    assert f"inputs: {empty} holds no prompts (the file is empty or blank)" in err
+    assert not (tmp_path / "out").exists()

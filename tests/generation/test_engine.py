@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from hf_dspark import DSparkConfig, DSparkDrafter
 from hf_dspark.eval.oracle import oracle_for
 from hf_dspark.eval.serve import ServeConfig, run_serve_benchmark
 from hf_dspark.generation.engine import DSparkEngine
@@ -173,3 +174,45 @@ def test_serve_benchmark_with_an_oracle_accepts_its_drafts(setup, tmp_path):
                          out=str(tmp_path / "serve.json"))
     report = run_serve_benchmark(config, target, prompts, oracle)
     assert report["results"][0]["mean_committed_per_round"] > 3.0
+
+
+def test_engine_refuses_a_drafter_bound_to_another_target(setup):
+    """Binding moves a drafter to the new target's embedding, LM head, device and dtype: the engine must not take
+    it from the target (and engines) it serves; an unbound drafter is still bound here."""
+    target, _, _ = setup
+    twin = make_target("llama", seed=11, eos_token_id=None)  # same shapes, another instance
+    drafter = make_drafter(twin)
+    with pytest.raises(ValueError, match="bound to a different target model instance"):
+        DSparkEngine(target, drafter, policy="fixed")
+    assert drafter.bound_to(twin)
+    DSparkEngine(target, drafter, policy="none")  # plain decoding does not use (or bind) the drafter
+    assert drafter.bound_to(twin)
+    drafter.bind_target(target)  # an explicit rebind is the caller's choice
+    assert DSparkEngine(target, drafter, policy="fixed").drafter is drafter and drafter.bound_to(target)
+    unbound = DSparkDrafter(DSparkConfig.from_target(target.config, block_size=4, target_layer_ids=[0, 2]))
+    DSparkEngine(target, unbound, policy="fixed")
+    assert unbound.bound_to(target)
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    (dict(do_sample=True, top_p=1.5), r"top_p must be a number in \(0, 1\] .*got 1.5"),
+    (dict(do_sample=True, top_p=0.0), r"top_p must be a number in \(0, 1\] .*got 0.0"),
+    (dict(do_sample=True, temperature=-0.5), "temperature must be a finite number >= 0, got -0.5"),
+    (dict(do_sample=False, temperature=-0.5), "temperature must be a finite number >= 0, got -0.5"),
+    (dict(do_sample=True, temperature=0.0), "temperature=0 cannot be sampled from: set do_sample=False"),
+    (dict(do_sample=True, top_k=-3), "top_k must be an integer >= 0"),
+    (dict(eos_token_id="</s>"), "eos_token_id must be a token id .*got '</s>'; for a token string use"),
+    (dict(eos_token_id=2.0), "eos_token_id must be a token id .*got 2.0"),
+    (dict(eos_token_id=[2, "x"]), r"eos_token_id must be a token id .*got \[2, 'x'\]"),
+])
+def test_engine_validates_decoding_settings_as_generate_does(setup, settings, match):
+    target, _, _ = setup
+    with pytest.raises(ValueError, match=match):
+        DSparkEngine(target, make_drafter(target), policy="fixed", **settings)
+
+
+def test_engine_takes_eos_ids_as_an_int_a_list_or_a_tensor(setup):
+    target, _, _ = setup
+    for eos in (5, [5, 7], torch.tensor([5, 7])):
+        assert DSparkEngine(target, eos_token_id=eos).eos <= {5, 7}
+    assert DSparkEngine(target, do_sample=False, temperature=0.0).eos == set()  # greedy: temperature 0 is unused

@@ -102,3 +102,94 @@ def test_verification_policy_built_directly_is_validated_like_generate_options(s
 
     with pytest.raises(ValueError, match=match):
         VerificationPolicy(**{"name": "fixed", "block_size": 4, **settings})
+
+
+@pytest.fixture
+def no_forward(pair):
+    """Any forward of the target would mean the check came too late."""
+
+    def forbidden(module, args, kwargs):
+        raise AssertionError("the target ran a forward before the inputs were validated")
+
+    handle = pair[0].register_forward_pre_hook(forbidden, with_kwargs=True)
+    yield
+    handle.remove()
+
+
+class _Observer:
+    def on_round(self, record) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("observers", "match"), [
+    ("rounds", r"dspark_observers must be a list of round observers .*got 'rounds' of type str"),
+    (_Observer(), r"of type _Observer \(one observer: wrap it in a list, dspark_observers=\[observer\]\)"),
+    ([_Observer(), 3], r"dspark_observers\[1\] \(3 of type int\) has no on_round\(record\) method"),
+    ([print], r"dspark_observers\[0\] .* has no on_round\(record\) method; .*SimpleNamespace\(on_round=f\)"),
+])
+def test_bad_observers_are_refused_before_any_forward(pair, no_forward, observers, match):
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(ValueError, match=match):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
+                        dspark_observers=observers)
+
+
+def test_bad_observers_are_refused_with_custom_generate(pair, no_forward):
+    from hf_dspark.generation.dispatch import dspark_generate
+
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    disable(target)
+    try:
+        with pytest.raises(ValueError, match="wrap it in a list"):
+            target.generate(ids, attention_mask=mask, max_new_tokens=4, custom_generate=dspark_generate,
+                            drafter=drafter, dspark_observers=_Observer())
+    finally:
+        enable(target)
+
+
+def test_an_empty_prompt_is_refused_with_what_to_pass(pair, no_forward):
+    target, drafter = pair
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    match = r"input_ids has no tokens \(shape \[2, 0\]\): a prompt needs at least one token per row"
+    with pytest.raises(ValueError, match=match):
+        target.generate(empty, assistant_model=drafter, max_new_tokens=4)
+    with pytest.raises(ValueError, match=match):
+        target.generate(input_ids=empty, attention_mask=empty, assistant_model=drafter, max_new_tokens=4)
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    (dict(do_sample=True, top_p=1.5), r"top_p must be a number in \(0, 1\]"),
+    (dict(do_sample=True, temperature=0.0), "temperature=0 cannot be sampled from"),
+    (dict(eos_token_id="</s>"), "eos_token_id must be a token id"),
+    (dict(eos_token_id=2.5), "eos_token_id must be a token id"),
+])
+def test_generate_refuses_bad_decoding_settings_before_any_forward(pair, no_forward, settings, match):
+    from transformers import GenerationConfig
+
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(ValueError, match=match):
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4, **settings)
+    with pytest.raises(ValueError, match=match):  # the same settings on a GenerationConfig
+        target.generate(ids, attention_mask=mask, assistant_model=drafter,
+                        generation_config=GenerationConfig(max_new_tokens=4, **settings))
+
+
+@pytest.mark.parametrize(("settings", "match"), [
+    (dict(do_sample=True, top_p=1.5), r"top_p must be a number in \(0, 1\]"),
+    (dict(eos_token_id=2.5), "eos_token_id must be a token id"),
+])
+def test_custom_generate_refuses_bad_decoding_settings_before_any_forward(pair, no_forward, settings, match):
+    from hf_dspark.generation.dispatch import dspark_generate
+
+    target, drafter = pair
+    ids, mask = ragged_prompts(1)
+    disable(target)
+    try:
+        with pytest.raises(ValueError, match=match):
+            target.generate(ids, attention_mask=mask, max_new_tokens=4, custom_generate=dspark_generate,
+                            drafter=drafter, **settings)
+    finally:
+        enable(target)

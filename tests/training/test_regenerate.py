@@ -97,3 +97,12 @@ def test_a_missing_target_folder_is_named(tmp_path):
 def test_max_prompts_per_file_below_one_is_refused(count):
     with pytest.raises(ValueError, match=rf"max_prompts_per_file must be >= 1 \(omit it for all\), got {count}"):
         PrepareDataConfig(inputs=["p.jsonl"], output_dir="out", max_prompts_per_file=count)
+
+
+def test_a_folder_holding_an_empty_prompt_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "prompts").mkdir()
+    write_jsonl(tmp_path / "prompts" / "a.jsonl", [{"turns": ["hi"]}])
+    empty = tmp_path / "prompts" / "b.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match=rf"inputs: {empty} holds no prompts"):
+        PrepareDataConfig(inputs=[str(tmp_path / "prompts")], output_dir=str(tmp_path / "out"))

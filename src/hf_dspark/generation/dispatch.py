@@ -16,12 +16,19 @@ For users who want no patching, `dspark_generate` is a `custom_generate` callabl
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 from ..binding import validate_target_shape
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
-from .options import check_left_padded, generation_config_options, validate_dspark_options
+from .options import (
+    check_decoding_settings,
+    check_left_padded,
+    check_prompt_ids,
+    generation_config_options,
+    validate_dspark_options,
+)
 from .target_cache import attention_layout
 
 _SUBCLASSES: dict[type, type] = {}
@@ -32,6 +39,25 @@ def _requested_beams(model, kwargs) -> int:
         return int(kwargs["num_beams"])
     config = kwargs.get("generation_config") or model.generation_config
     return int(getattr(config, "num_beams", 1) or 1)
+
+
+def _requested(model, args, kwargs, name: str):
+    """The value `generate` will use for generation setting `name`: the keyword argument, else the passed
+    `generation_config`'s, else the model's (None when unset everywhere)."""
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    config = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
+    value = getattr(config, name, None) if config is not None else None
+    return value if value is not None else getattr(model.generation_config, name, None)
+
+
+def _check_call_inputs(model, args, kwargs) -> None:
+    """Up-front checks of a DSpark `generate` call's prompt and decoding settings, before transformers prepares
+    anything: an empty prompt, an `eos_token_id` that is not token ids, out-of-range sampling settings."""
+    check_prompt_ids(args[0] if args else kwargs.get("inputs", kwargs.get("input_ids")))
+    settings = {name: _requested(model, args, kwargs, name)
+                for name in ("eos_token_id", "do_sample", "temperature", "top_k", "top_p")}
+    check_decoding_settings(SimpleNamespace(**settings))
 
 
 def _without_observers(model, generation_config):
@@ -84,6 +110,7 @@ def _dspark_subclass(cls: type) -> type:
         if is_draft_model(assistant_model):
             if _requested_beams(self, kwargs) > 1:  # transformers would silently drop the assistant
                 raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
+            _check_call_inputs(self, args, kwargs)
             validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
             attention_layout(self)  # refuses attention layers ragged verification cannot mask, with the reason
         return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)
@@ -145,8 +172,12 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
         raise ValueError("with custom_generate=dspark_generate, transformers deep-copies the generation config, so "
                          "its dspark_observers would be copies: pass generate(..., dspark_observers=[...]) instead.")
     if dspark_observers is not None:
+        validate_dspark_options({"dspark_observers": dspark_observers})
         generation_config.dspark_observers = list(dspark_observers)  # transformers' per-call copy
     validate_dspark_options(generation_config_options(generation_config))
+    if model_kwargs.get("inputs_embeds") is None:  # with inputs_embeds, prefill names what is missing
+        check_prompt_ids(input_ids)
+    check_decoding_settings(generation_config)
     check_left_padded(model_kwargs.get("attention_mask"))
     return dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
                            streamer=dspark_streamer, assistant_model=drafter, **model_kwargs)

@@ -32,10 +32,12 @@ from transformers.generation.logits_process import (
 )
 
 from .drafting import feature_layers
+from .options import check_sampling_settings, eos_token_ids
 from .policy import POLICIES, VerificationPolicy, policy_from_config
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundBatch, RoundKernel, RoundRecord
+from .state import bind_drafter
 
 if TYPE_CHECKING:
     from .drafting import DraftModel
@@ -134,8 +136,9 @@ class DSparkEngine:
 
     Args:
         target: the target causal LM (its KV cache layers must be full-attention dynamic layers).
-        drafter: a drafter (`DSparkDrafter`, bound to `target` here, or any `DraftModel`), or None for plain
-            batched decoding.
+        drafter: a drafter (`DSparkDrafter`, bound to `target` here if unbound, or any `DraftModel`), or None for
+            plain batched decoding. A drafter bound to another target instance is refused (`ValueError`): binding
+            it here would take it from that target and its engines; bind it explicitly or load a second one.
         policy: a policy name as `generate`'s `dspark_policy` takes it (e.g. `"auto"`, which decodes plainly when
             drafting does not pay; built as `generate` builds it: this target's and drafter's cost curves, the
             drafter's pooled acceptance for the decoding mode), a `VerificationPolicy`, or `"none"` (ℓ = 0, no
@@ -150,6 +153,10 @@ class DSparkEngine:
                  top_p: float | None = None, eos_token_id: int | list[int] | None = None,
                  max_running: int = 64) -> None:
         _check_engine_arguments(policy, drafter, max_running)
+        check_sampling_settings(do_sample, temperature, top_k, top_p)  # as generate checks them
+        eos = eos_token_ids(eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id)
+        if policy != "none":
+            bind_drafter(target, drafter)  # binds an unbound drafter; refuses one bound to another target
         if isinstance(policy, str) and policy != "none":
             policy = _named_policy(policy, target, drafter, do_sample)
         if isinstance(policy, VerificationPolicy) and policy.name == "auto" and policy.greedy == do_sample:
@@ -158,12 +165,9 @@ class DSparkEngine:
                              f"do_sample={do_sample}; build it with greedy={not do_sample}.")
         self.target, self.policy = target, policy
         self.drafter = drafter if policy != "none" else None
-        if self.drafter is not None and hasattr(drafter, "bind_target") and not drafter.bound_to(target):
-            drafter.bind_target(target)
         self.do_sample = do_sample
         self.processors = RowProcessors(_warpers(do_sample, temperature, top_k, top_p), 1)
-        eos = eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id
-        self.eos = set([eos] if isinstance(eos, int) else (eos or []))
+        self.eos = set(eos)
         self.max_running = max_running
         self.kernel = RoundKernel(target, self.drafter, policy if self.drafter is not None else None,
                                   self.processors, do_sample)

@@ -7,6 +7,7 @@ the fix, as plain `generate` does for unknown keyword arguments.
 from __future__ import annotations
 
 import difflib
+import math
 import numbers
 import os
 from collections.abc import Mapping
@@ -59,6 +60,23 @@ def _check_value(name: str, value: Any) -> None:
         value, bool
     ):
         raise ValueError(f"{name} must be True or False, got {value!r}.")
+    elif name == "dspark_observers":
+        _check_observers(value)
+
+
+def _check_observers(value: Any) -> None:
+    """`dspark_observers`: a list (or tuple) of objects with a callable `on_round(record)`."""
+    if not isinstance(value, (list, tuple)):
+        wrap = " (one observer: wrap it in a list, dspark_observers=[observer])" if hasattr(value, "on_round") else ""
+        raise ValueError(f"dspark_observers must be a list of round observers (objects with an on_round(record) "
+                         f"method), got {value!r} of type {type(value).__name__}{wrap}.")
+    for index, observer in enumerate(value):
+        if not callable(getattr(observer, "on_round", None)):
+            raise ValueError(
+                f"dspark_observers[{index}] ({observer!r} of type {type(observer).__name__}) has no "
+                "on_round(record) method; an observer is an object with one (for a plain function f, pass "
+                "types.SimpleNamespace(on_round=f))."
+            )
 
 
 def validate_dspark_options(options: Mapping[str, Any]) -> None:
@@ -81,9 +99,64 @@ def validate_dspark_options(options: Mapping[str, Any]) -> None:
         _check_value(name, options[name])
 
 
+def check_sampling_settings(do_sample: bool, temperature: Any, top_k: Any, top_p: Any) -> None:
+    """Refuse sampling settings that are out of range or of the wrong type (None: unset), before any forward.
+
+    transformers only checks some when it builds its warpers, and skips `top_p > 1` silently; this names each.
+    """
+    if temperature is not None and (not _is_number(temperature) or not 0.0 <= float(temperature) < math.inf):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}.")
+    if do_sample and temperature is not None and float(temperature) == 0.0:
+        raise ValueError("temperature=0 cannot be sampled from: set do_sample=False for greedy decoding, or a "
+                         "temperature > 0.")
+    if top_p is not None and (not _is_number(top_p) or not 0.0 < float(top_p) <= 1.0):
+        raise ValueError(f"top_p must be a number in (0, 1] (the probability mass kept; 1 keeps every token), got "
+                         f"{top_p!r}.")
+    if top_k is not None and (not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 0):
+        raise ValueError(f"top_k must be an integer >= 0 (0 or None: no top-k filtering), got {top_k!r}.")
+
+
+def eos_token_ids(value: Any) -> list[int]:
+    """`eos_token_id` as a list of token ids: an int, a list/tuple of ints or an integer tensor (None: no EOS).
+
+    Anything else (a token string, a float...) is a `ValueError` naming it, instead of an EOS that never matches.
+    """
+    if value is None:
+        return []
+    if isinstance(value, torch.Tensor) and not (value.dtype.is_floating_point or value.dtype.is_complex
+                                                or value.dtype == torch.bool):
+        value = value.reshape(-1).tolist()
+    ids = list(value) if isinstance(value, (list, tuple)) else [value]
+    bad = [i for i in ids if not isinstance(i, numbers.Integral) or isinstance(i, bool) or i < 0]
+    if bad:
+        raise ValueError(
+            f"eos_token_id must be a token id (an int >= 0) or a list of them, got {value!r}; for a token string "
+            "use tokenizer.convert_tokens_to_ids(token)."
+        )
+    return [int(i) for i in ids]
+
+
+def check_decoding_settings(config: Any) -> None:
+    """A `generate` call's `eos_token_id` (token ids) and, when it samples, its temperature / top-k / top-p;
+    `config` is a `GenerationConfig` or any object with those attributes. A greedy call ignores the sampling
+    settings, as plain `generate` does."""
+    eos_token_ids(config.eos_token_id)
+    if config.do_sample:
+        check_sampling_settings(True, config.temperature, config.top_k, config.top_p)
+
+
 def generation_config_options(generation_config) -> dict[str, Any]:
     """The `dspark_*` attributes set on a `GenerationConfig` (kwargs and config-file routes alike)."""
     return {key: value for key, value in vars(generation_config).items() if key.startswith("dspark_")}
+
+
+def check_prompt_ids(input_ids: Any) -> None:
+    """Refuse a prompt tensor with no tokens (`[B, 0]`): DSpark continues each row from its last prompt token."""
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() >= 1 and input_ids.shape[-1] == 0:
+        raise ValueError(
+            f"input_ids has no tokens (shape {list(input_ids.shape)}): a prompt needs at least one token per row "
+            "(DSpark continues each row from its last one); pass at least the BOS token (tokenizer.bos_token_id)."
+        )
 
 
 def check_left_padded(attention_mask: torch.Tensor | None) -> None:

@@ -29,13 +29,24 @@ def validate_call(model, drafter, generation_config) -> None:
             "output_attentions / output_hidden_states are not available with DSpark (the target runs on "
             "ragged verification blocks); use output_scores or output_logits."
         )
+    bind_drafter(model, drafter)
+
+
+def bind_drafter(model, drafter) -> None:
+    """Check that `drafter` fits `model` and bind it when unbound (shared by `generate` and `DSparkEngine`).
+
+    A drafter bound to another model instance is refused, never rebound: binding moves it to the new model's
+    embedding, LM head, device and dtype, so the other model's `generate` calls would be refused and an engine
+    already serving it would draft with the wrong model's weights (or fail on a device/dtype mismatch).
+    """
     if not hasattr(drafter, "bind_target"):  # a model-free drafter (oracle, prompt lookup): nothing to bind
         validate_target_shape(drafter.config, model)
         return
     if drafter.is_bound and not drafter.bound_to(model):
         raise ValueError(
-            "This drafter is bound to a different target model instance. Bind it to the model you generate "
-            "with: drafter.bind_target(model)."
+            "This drafter is bound to a different target model instance; using it here would take it from that "
+            "model (an engine serving it would then draft with this model's weights). Bind it to the model you "
+            "generate with: drafter.bind_target(model), or load a second drafter for this model."
         )
     validate_target_shape(drafter.config, model)
     if not drafter.is_bound:

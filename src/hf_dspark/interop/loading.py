@@ -21,6 +21,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
+from ..binding import check_target_model
 from .deepspec import config_from_deepspec, is_deepspec
 from .dflash import UNSUPPORTED_ARCHITECTURES, config_from_dflash, is_dflash
 from .layouts import load_json_object
@@ -166,6 +167,8 @@ def _check_native(cls: type, folder: Path) -> None:
 
 def load_drafter(cls: type, path: Any, *args: Any, target: nn.Module | None = None, **kwargs: Any):
     """`DSparkDrafter.from_pretrained` body: detect the layout, load safetensors weights only, bind `target`."""
+    if target is not None:
+        check_target_model(target)  # before anything is read: a model id or a config is not the model
     local = Path(str(path)).expanduser()
     if local.is_dir():
         layout = detect_layout(local)

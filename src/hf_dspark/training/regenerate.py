@@ -122,9 +122,22 @@ class PrepareDataConfig:
         if self.max_prompts_per_file is not None and self.max_prompts_per_file < 1:
             raise ValueError(f"max_prompts_per_file must be >= 1 (omit it for all), got {self.max_prompts_per_file}.")
         try:
-            expand_jsonl_paths(self.inputs)  # before the target loads
+            files = expand_jsonl_paths(self.inputs)  # before the target loads
         except FileNotFoundError as error:
             raise ValueError(f"inputs: {error}") from None
+        check_prompt_files(files)
+
+
+def check_prompt_files(files: list[Path]) -> None:
+    """Refuse an input file without a single non-blank line: it holds no prompts, and a run over it would exit
+    having written nothing. (Malformed lines are named by `read_prompts`.)"""
+    for path in files:
+        with open(path, encoding="utf-8") as handle:
+            if not any(line.strip() for line in handle):
+                raise ValueError(
+                    f"inputs: {path} holds no prompts (the file is empty or blank); fill it with one "
+                    '{"turns": [...]} object per line, or remove it from the inputs.'
+                )
 
 
 def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):
