@@ -35,6 +35,7 @@ def test_profile_tiny_target(llama_target):
     assert all(s > 0 for s in curve.steps_per_second)
     assert curve.model == model_name(llama_target) == "llama-5L-64d"
     assert (curve.device, curve.dtype, curve.threads) == ("cpu", "float32", 1)
+    assert curve.processor == profiling.processor_signature("cpu")
     assert torch.get_num_threads() == 1  # restored
 
 
@@ -124,6 +125,30 @@ def test_curves_of_another_profiler_version_are_measured_again(llama_target, cac
     assert load_or_profile_step_curve(llama_target, threads=1) == shipped
 
 
+def test_curves_from_another_kind_of_processor_are_measured_again(llama_target, cache_dir, tmp_path, monkeypatch,
+                                                                  caplog):
+    """A shipped curve measured on another kind of processor (an AVX512-bf16 machine's costs on an AVX2 one, where
+    bf16 is ~10x slower instead of faster) is skipped and this machine is profiled; the new curve records where."""
+    monkeypatch.setattr(profiling, "SHIPPED_STEP_CURVES", tmp_path / "shipped")
+    here = profiling.processor_signature("cpu")
+    elsewhere = StepCurve([1, 8], [10.0, 5.0], threads=1, profiler=profiling.PROFILER_VERSION,
+                          processor=f"{here}-but-another-one")
+    shipped_path = shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1)
+    elsewhere.save(shipped_path)
+    with caplog.at_level("WARNING"):
+        measured = load_or_profile_step_curve(llama_target, threads=1, **FAST)
+    assert measured != elsewhere and measured.processor == here
+    assert f"measured on a {here}-but-another-one processor" in caplog.text and str(shipped_path) in caplog.text
+    StepCurve([1, 8], [10.0, 5.0], threads=1, profiler=profiling.PROFILER_VERSION, processor=here).save(shipped_path)
+    assert load_or_profile_step_curve(llama_target, threads=1) == measured  # the user cache comes first
+
+
+def test_processor_signature_names_the_architecture_and_capability():
+    signature = profiling.processor_signature("cpu")
+    assert signature.split("/")[1].removesuffix("+bf16") == torch.backends.cpu.get_cpu_capability()
+    assert signature.endswith("+bf16") == profiling.native_bf16("cpu")
+
+
 def test_every_shipped_curve_has_the_current_profiler_version():
     paths = sorted(profiling.SHIPPED_STEP_CURVES.glob("*.json"))
     assert paths and all(StepCurve.load(path).profiler == profiling.PROFILER_VERSION for path in paths)
@@ -206,3 +231,13 @@ def test_shipped_draft_curves_are_valid():
         assert curve.batch_tokens[0] == 1 and curve.model in path.name
         costs = [1 / s for s in curve.steps_per_second]
         assert costs == sorted(costs), path.name  # shipped costs never fall with more rows
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_half_precision_on_a_cpu_without_native_bf16_is_warned(monkeypatch, caplog, native):
+    monkeypatch.setattr(profiling, "native_bf16", lambda device="cpu": native)
+    with caplog.at_level("WARNING"):
+        assert profiling.resolve_dtype("bfloat16", "cpu") == "bfloat16"  # kept: the user asked for it
+        assert profiling.resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
+        assert not profiling.warn_if_slow_dtype("float32", "cpu")
+    assert ("slower than float32" in caplog.text) == (not native)

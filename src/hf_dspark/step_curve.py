@@ -7,6 +7,7 @@ import it without importing each other. `check_survival` validates a `[R, γ]` p
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -31,9 +32,11 @@ class StepCurve:
     batch_tokens: strictly ascending positive ints; steps_per_second: positive floats, one per point. Between points
     SPS is interpolated linearly; below the first point it is clamped to the first value; beyond the last point it is
     extrapolated conservatively as SPS(B) = SPS(B_max)·B_max / B (constant token throughput, never better).
-    The metadata fields (model, device, dtype, threads, created, profiler) are optional and only describe the
-    measurement; `profiler` is the version of the profiled code path (`profiling.PROFILER_VERSION`), so that a
-    cached curve measured by an older release can be told apart and measured again.
+    The metadata fields (model, device, dtype, threads, created, profiler, processor) are optional and only describe
+    the measurement; `profiler` is the version of the profiled code path (`profiling.PROFILER_VERSION`), so that a
+    cached curve measured by an older release can be told apart and measured again; `processor` is the kind of
+    processor it was measured on (`profiling.processor_signature`), so that a curve from another kind of machine is
+    measured again rather than trusted.
     """
 
     batch_tokens: list[int]
@@ -44,6 +47,7 @@ class StepCurve:
     threads: int | None = None
     created: str | None = None
     profiler: int | None = None
+    processor: str | None = None
     _tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -80,7 +84,7 @@ class StepCurve:
     def steps_per_second_at(self, batch_tokens: int | torch.Tensor) -> float | torch.Tensor:
         """SPS(B) for an int (returns float) or an integer tensor of any shape (returns float64 tensor)."""
         if not isinstance(batch_tokens, torch.Tensor):
-            return float(self.steps_per_second_at(torch.tensor([int(batch_tokens)]))[0])
+            return self._steps_per_second_scalar(float(int(batch_tokens)))
         xs, ys = self._table(batch_tokens.device)
         b = batch_tokens.to(torch.float64)
         if xs.numel() == 1:
@@ -92,6 +96,19 @@ class StepCurve:
             inside = torch.lerp(y0, y1, weight)  # exact at the measured points
         beyond = ys[-1] * xs[-1] / b.clamp_min(1.0)
         return torch.where(b > xs[-1], beyond, inside)
+
+    def _steps_per_second_scalar(self, b: float) -> float:
+        """The tensor path's arithmetic for one B in plain Python (called once per round: no tensor ops)."""
+        xs, ys = self.batch_tokens, self.steps_per_second
+        if b > xs[-1]:
+            return ys[-1] * xs[-1] / max(b, 1.0)
+        if len(xs) == 1:
+            return ys[0]
+        hi = min(max(bisect.bisect_right(xs, b), 1), len(xs) - 1)
+        x0, x1, y0, y1 = xs[hi - 1], xs[hi], ys[hi - 1], ys[hi]
+        weight = min(max((b - x0) / (x1 - x0), 0.0), 1.0)
+        # torch.lerp's two-sided form: agrees with the tensor path to within one rounding
+        return y0 + weight * (y1 - y0) if weight < 0.5 else y1 - (y1 - y0) * (1.0 - weight)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict: the points, the metadata and a format version."""
@@ -111,7 +128,8 @@ class StepCurve:
         if version != _STEP_CURVE_FORMAT:
             raise ValueError(f"Step-curve format_version {version!r} is not {_STEP_CURVE_FORMAT}, the one this "
                              "release reads; profile the curve again with `hf-dspark profile`.")
-        known = {"batch_tokens", "steps_per_second", "model", "device", "dtype", "threads", "created", "profiler"}
+        known = {"batch_tokens", "steps_per_second", "model", "device", "dtype", "threads", "created", "profiler",
+                 "processor"}
         unknown = set(payload) - known - {"format_version"}
         if unknown:
             logger.warning(f"Ignoring unknown step-curve fields: {sorted(unknown)}")

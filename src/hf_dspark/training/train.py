@@ -248,6 +248,11 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
     with args.main_process_first(desc="checking output_dir"):
         check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None,
                          resume_requested=args.resume_from_checkpoint not in (None, False, ""))
+    if args.device.type == "cpu":
+        from ..profiling import warn_if_slow_dtype
+
+        slow = "bfloat16" if args.bf16 else "float16" if args.fp16 else config.target_dtype
+        warn_if_slow_dtype(slow, "cpu", fix="train with --target_dtype float32 and without --bf16 / --fp16")
     target, tokenizer = load_training_target(config)
     records = load_conversations(config.data)[: config.max_examples]
     dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
