@@ -161,3 +161,29 @@ def test_generate_feeds_every_round_to_the_correction_and_stays_identical(target
     costs = memory_for(drafter, GAMMA).costs
     rounds = drafter.last_generation_stats.rounds
     assert costs.plain_rounds + costs.drafting_rounds == (rounds if measured else 0)
+
+
+def test_a_probe_dearer_than_planned_spaces_the_next_one_by_its_measured_cost():
+    """The curves do not price the drafter's update over the context queued while it was skipped, which a probe
+    pays: after a measured probe the interval keeps probes within the budget of the measured time."""
+    planner = _planner()
+    planner.probe_budget, planner.max_interval = 0.02, 10**6
+    memory = planner.tracker.memory
+    for _ in range(5):
+        planner.observe_round(_record(0, 1.0))  # plain rounds: 1 s as the curves say
+    memory.probe_interval = 8
+
+    def probe(seconds: float) -> RoundRecord:
+        record = _record(2, seconds, draft_seconds=0.5)
+        record.probe = True
+        return record
+
+    planner.observe_round(probe(9.5))  # the cold first drafting round: one-off setup, not used
+    assert memory.probe_interval == 8
+    planner.observe_round(probe(2.5))  # 3 s measured: 2 s more than a plain round, 2% of 1 s each → 100 rounds
+    assert memory.probe_interval == pytest.approx(100, abs=1)
+    planner.observe_round(probe(0.6))  # a cheap probe never shortens a planned interval
+    assert memory.probe_interval == pytest.approx(100, abs=1)
+    planner.max_interval = 50
+    planner.observe_round(probe(2.5))
+    assert memory.probe_interval == 50

@@ -11,7 +11,8 @@ Skipping observes nothing new: a skipped request's own estimate only drifts back
 (`AcceptanceTracker.idle_decay`), and the pool stays put, so a *probe* drafts the skipped rows now and then, at
 the L that would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
 `probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain round)), clamped to
-[`min_interval`, `max_interval`]. A drafter never observed before probes in its first round.
+[`min_interval`, `max_interval`], and lengthened after each probe if the probe measured dearer than planned
+(`_respace_probes`). A drafter never observed before probes in its first round.
 
 The curves are corrected by what earlier rounds measured (`cost_correction.CostCorrection`, fed by
 `observe_round`): plain rounds' predicted cost × f_plain, drafting rounds' × f_drafting.
@@ -119,7 +120,20 @@ class CostAwarePlanner:
         if record.drafted:
             predicted += float(self.draft_seconds(rows)[record.drafted])
         measured = record.verify_seconds + record.draft_seconds
-        self.tracker.memory.costs.observe(bool(record.drafted), measured, predicted)
+        costs = self.tracker.memory.costs
+        costs.observe(bool(record.drafted), measured, predicted)
+        if record.probe and record.drafted and costs.drafting_rounds > costs.cold_rounds:
+            self._respace_probes(rows, measured)
+
+    def _respace_probes(self, rows: int, measured: float) -> None:
+        """After a probe: push the next one back until probes cost ≤ `probe_budget` of the time at this probe's
+        *measured* cost. The curves price the proposal, not the drafter's update over the context queued while it
+        was skipped (the whole prompt and every token since), which a probe pays too; so a planned interval can be
+        too short, never lengthened here beyond `max_interval`. (The cold first drafting round is not used.)"""
+        plain = float(self.corrected_costs(rows)[0][0])
+        wanted = math.ceil((measured - plain) / max(self.probe_budget * plain, 1e-12))
+        memory = self.tracker.memory
+        memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
 
     def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
         """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify."""
