@@ -118,7 +118,7 @@ def test_prepare_data_config_validation(tmp_path):
 
 
 def test_prepare_data_command_line(tmp_path, byte_tokenizer):
-    from hf_dspark.training.regenerate import main
+    from hf_dspark.cli.training import run_prepare_data as main
 
     target_dir = tmp_path / "target"
     _tiny_generator(byte_tokenizer).save_pretrained(target_dir)

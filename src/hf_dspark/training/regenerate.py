@@ -316,12 +316,3 @@ def prepare_data(config: PrepareDataConfig, model=None, tokenizer=None) -> Path:
             write_jsonl_atomic(output_dir / f"shard-{shard:05d}.jsonl", records)
             shard += 1
     return output_dir
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`hf-dspark prepare-data --inputs data/train --output_dir runs/regenerated [--max_new_tokens 256 ...]`."""
-    from transformers import HfArgumentParser
-
-    (config,) = HfArgumentParser(PrepareDataConfig).parse_args_into_dataclasses(args=argv)
-    logger.warning(f"regenerated conversations are in {prepare_data(config)}")
-    return 0
