@@ -236,6 +236,7 @@ def test_shipped_draft_curves_are_valid():
 @pytest.mark.parametrize("native", [True, False])
 def test_half_precision_on_a_cpu_without_native_bf16_is_warned(monkeypatch, caplog, native):
     monkeypatch.setattr(profiling, "native_bf16", lambda device="cpu": native)
+    type(profiling.logger).warning_once.cache_clear()  # once per process: forget earlier tests' warnings
     with caplog.at_level("WARNING"):
         assert profiling.resolve_dtype("bfloat16", "cpu") == "bfloat16"  # kept: the user asked for it
         assert profiling.resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")

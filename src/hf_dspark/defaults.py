@@ -43,6 +43,9 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     """Return (model, tokenizer) for SmolLM2-135M-Instruct, dequantised from the packaged GGUF (≈20 s on CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .profiling import warn_if_slow_dtype
+
+    warn_if_slow_dtype(str(dtype).removeprefix("torch."), str(device))
     folder = default_target_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF, dtype=dtype)

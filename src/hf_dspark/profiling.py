@@ -10,7 +10,8 @@ valid and the rest are masked padding, like the loop's ragged `[A, 1 + max ℓ]`
 decoding rows with ℓ = 0 and larger B measures max_rows rows verifying more drafts each. `max_rows=1` gives the
 batch-1 shape (one row with B tokens). On this CPU the two shapes differ little (the linear layers dominate).
 
-Curves are cached per (model, device, dtype, threads) as JSON under `~/.cache/hf_dspark/step_curves/` (the root
+Curves are cached per (model, device, dtype, threads) as JSON, and only trusted on the kind of processor that
+measured them (`processor_signature`), under `~/.cache/hf_dspark/step_curves/` (the root
 `~/.cache/hf_dspark` is overridden by the environment variable `HF_DSPARK_CACHE`). `load_or_profile_step_curve`
 looks in that cache, then in the curves shipped with the package (`hf_dspark/resources/step_curves/`, measured
 on the development machine for the default target), and only then profiles, once, with a progress bar.
@@ -440,11 +441,12 @@ def resolve_dtype(choice: str, device: str = "auto") -> str:
 
 
 def warn_if_slow_dtype(dtype: str, device: str = "cpu", fix: str = "use float32 (or dtype auto)") -> bool:
-    """Warn (and return True) when `dtype` is bf16/fp16 on a CPU without native bf16: there oneDNN's fast path is
-    missing and half-precision matmuls fall back to a reference kernel ~10× slower than fp32 (measured on an AVX2
-    CPU: a 2048×576 by 576×8192 bf16 matmul 4.5 s vs 0.36 s in fp32), so a bf16 run or training job crawls."""
+    """Warn once per process (and return True) when `dtype` is bf16/fp16 on a CPU without native bf16: there
+    oneDNN's fast path is missing and half-precision matmuls fall back to a reference kernel ~10× slower than fp32
+    (measured on an AVX2 CPU: a 2048×576 by 576×8192 bf16 matmul 4.5 s vs 0.36 s in fp32), so a bf16 run or
+    training job crawls."""
     if dtype not in ("bfloat16", "float16") or not str(device).startswith("cpu") or native_bf16("cpu"):
         return False
-    logger.warning(f"{dtype} on this CPU ({processor_signature('cpu')}, no native bf16) runs matmuls about 10x "
-                   f"slower than float32: {fix}.")
+    logger.warning_once(f"{dtype} on this CPU ({processor_signature('cpu')}, no native bf16) runs matmuls about 10x "
+                        f"slower than float32: {fix}.")
     return True

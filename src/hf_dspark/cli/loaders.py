@@ -54,7 +54,9 @@ def load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool =
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..interop.sources import resolve_model_source
+    from ..profiling import warn_if_slow_dtype
 
+    warn_if_slow_dtype(dtype_name, str(device))
     hub = resolve_model_source(path, what="target")  # a missing folder / offline name fails here, named
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **hub).to(device).eval()
     return model, AutoTokenizer.from_pretrained(path, **hub) if tokenizer else None

@@ -128,7 +128,7 @@ class CostAwarePlanner:
     def _respace_probes(self, rows: int, measured: float) -> None:
         """After a probe: push the next one back until probes cost ≤ `probe_budget` of the time at this probe's
         *measured* cost. The curves price the proposal, not the drafter's update over the context queued while it
-        was skipped (the whole prompt and every token since), which a probe pays too; so a planned interval can be
+        was skipped (up to 64 slots of committed tokens), which a probe pays too; so a planned interval can be
         too short, never lengthened here beyond `max_interval`. (The cold first drafting round is not used.)"""
         plain = float(self.corrected_costs(rows)[0][0])
         wanted = math.ceil((measured - plain) / max(self.probe_budget * plain, 1e-12))
