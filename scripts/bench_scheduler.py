@@ -5,7 +5,8 @@ Times `schedule_greedy` and `schedule_lagged` (and the two baselines) on random 
 like this CPU's default target, pinned to ONE torch thread (torch.set_num_threads(1)) so numbers are comparable
 on a shared machine. The reference round cost is one verification forward of the default target (≈ 60-70 ms for
 B = 1 with a 200-token cache: the shipped step curve
-src/hf_dspark/resources/step_curves/SmolLM2-135M-Instruct__cpu__float32__t1.json gives 69 ms at 1 thread); a real
+src/hf_dspark/resources/step_curves/SmolLM2-135M-Instruct__cpu__float32__t1.json gives 59 ms at 1 thread on the
+development CPU); a real
 R = 64 round costs several times more, so
 the percentage is an upper bound. Writes benchmarks/results/scheduler_overhead.json.
 
@@ -121,7 +122,7 @@ def main() -> None:
         "torch_version": torch.__version__,
         "processor": platform.processor() or platform.machine(),
         "reference_round_ms": args.round_ms,
-        "reference_round_source": "one default-target forward, B=1, 200-token cache (shipped step curve: 69 ms)",
+        "reference_round_source": "one default-target forward, B=1, 200-token cache (shipped step curve: 59 ms)",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "policies": results,
     }
