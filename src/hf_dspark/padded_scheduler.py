@@ -130,7 +130,8 @@ def sunk_cost_stop(survival: torch.Tensor, rows: int, verify_seconds: torch.Tens
     banked = float(rows)  # rows + Σ_s Σ_{j≤L} a_{s,j}: Θ(L)'s numerator
     for length in range(gamma):
         column = [row[length] for row in known]  # a_{·,L+1}, known now
-        tokens = banked + sum(column)
+        gained = sum(column)
+        tokens = banked + gained
         best = tokens / cost[length + 1]
         for later in range(length + 1, gamma):  # forecast a_{s,j} = a_{s,L+1} · Π_{L+1<i≤j} q_{s,i}
             if rates is not None:
@@ -139,5 +140,5 @@ def sunk_cost_stop(survival: torch.Tensor, rows: int, verify_seconds: torch.Tens
             best = max(best, tokens / cost[later + 1])
         if best <= banked / cost[length]:
             return length
-        banked += sum(row[length] for row in known)
+        banked += gained
     return gamma

@@ -248,7 +248,7 @@ def profile_step_curve(
 def processor_signature(device: str | torch.device = "cpu") -> str:
     """The kind of processor a curve is measured on: `"<arch>/<torch CPU capability>[+bf16]"` for a CPU (e.g.
     `"x86_64/AVX512+bf16"`, `"x86_64/AVX2"`), the GPU's name for CUDA. Costs measured on one kind do not carry to
-    another: without native bf16 a bf16 matmul runs ~10× slower than fp32, where with it bf16 is the faster one."""
+    another: without native bf16 a bf16 matmul runs ~7× slower than fp32, where with it bf16 is the faster one."""
     kind = torch.device(device).type
     if kind == "cuda" and torch.cuda.is_available():
         return f"cuda/{torch.cuda.get_device_name(torch.device(device))}"
@@ -442,11 +442,11 @@ def resolve_dtype(choice: str, device: str = "auto") -> str:
 
 def warn_if_slow_dtype(dtype: str, device: str = "cpu", fix: str = "use float32 (or dtype auto)") -> bool:
     """Warn once per process (and return True) when `dtype` is bf16/fp16 on a CPU without native bf16: there
-    oneDNN's fast path is missing and half-precision matmuls fall back to a reference kernel ~10× slower than fp32
-    (measured on an AVX2 CPU: a 2048×576 by 576×8192 bf16 matmul 4.5 s vs 0.36 s in fp32), so a bf16 run or
-    training job crawls."""
+    oneDNN's fast path is missing and half-precision matmuls fall back to a reference kernel ~7× slower than fp32
+    (measured on an AVX2 CPU by scripts/cpu_matmul_costs.py: a 2048×576 by 576×8192 matmul 2.29 s vs 0.33 s), so
+    a bf16 run or training job crawls."""
     if dtype not in ("bfloat16", "float16") or not str(device).startswith("cpu") or native_bf16("cpu"):
         return False
-    logger.warning_once(f"{dtype} on this CPU ({processor_signature('cpu')}, no native bf16) runs matmuls about 10x "
-                        f"slower than float32: {fix}.")
+    logger.warning_once(f"{dtype} on this CPU ({processor_signature('cpu')}, no native bf16) runs matmuls several "
+                        f"times slower than float32: {fix}.")
     return True

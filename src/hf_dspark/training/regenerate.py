@@ -52,7 +52,7 @@ class PrepareDataConfig:
         target: model path or Hub id; `None` uses the embedded default target (SmolLM2-135M-Instruct GGUF).
         gguf_file: GGUF file name inside `target`, when the target is a GGUF folder.
         dtype: target dtype, `"bfloat16"`, `"float16"`, `"float32"` or `"auto"` (bf16 where the CPU computes it
-            natively, else fp32: without native bf16 a bf16 target runs about ten times slower).
+            natively, else fp32: without native bf16 a bf16 target runs several times slower).
         temperature, top_p, top_k: sampling settings (default: SmolLM2's recommended T=0.7, top-p 0.9);
             `temperature=0` decodes greedily.
         max_new_tokens: reply length limit (a reply that hits it is marked `truncated`).
