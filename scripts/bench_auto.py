@@ -27,8 +27,8 @@ from hf_dspark.eval.oracle import oracle_for
 from hf_dspark.eval.prompts import chat_input_ids, load_prompt_set
 from hf_dspark.eval.serve import ServeConfig, run_serve_benchmark
 from hf_dspark.eval.speed import SpeedConfig, run_speed_benchmark
+from hf_dspark.hardware import resolve_dtype
 from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.profiling import resolve_dtype
 
 SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/mt-bench.jsonl"]
 

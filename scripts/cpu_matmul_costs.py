@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from hf_dspark.profiling import native_bf16, processor_signature
+from hf_dspark.hardware import native_bf16, processor_signature
 
 
 def median_ms(fn, repeats: int) -> float:

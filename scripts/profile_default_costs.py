@@ -1,9 +1,11 @@
 """Profile and ship the cost curves of the embedded default: the target's SPS(B) and the shipped drafter's proposals
-per second against rows R, in fp32 and bf16 (CPU, torch threads pinned), into `src/hf_dspark/resources/step_curves/`
-(where `load_or_profile_step_curve` / `load_or_profile_draft_curve` look after the user cache), with PNG plots and a
-JSON summary of the batch-1 ratios under `benchmarks/results/`.
+per second against rows R, in fp32 and bf16 (CPU, torch threads pinned), into this kind of processor's folder of
+`src/hf_dspark/resources/step_curves/` (e.g. `x86_64--AVX2/`, where `load_or_profile_step_curve` /
+`load_or_profile_draft_curve` look after the user cache), with a JSON summary of the batch-1 ratios and a plot of each
+step curve beside it (`<summary stem>_step_curve_<dtype>.png`) under `benchmarks/results/`.
 
     python scripts/profile_default_costs.py --threads 1 --dtypes float32 bfloat16 --statistic min [--overwrite]
+    python scripts/profile_default_costs.py --threads 2 --dtypes float32 --summary benchmarks/results/avx2_t2.json
     python scripts/profile_default_costs.py --variant dflash --skip-step-curve float32 bfloat16 \
         --summary benchmarks/results/cost_curves_dflash.json    # the baseline's curves (head none), step curves kept
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark import load_default_drafter, load_default_target
+from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.profiling import (
     draft_curve_path,
@@ -58,7 +61,7 @@ def main() -> None:
                         help="JSON summary path, relative to the repository root")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    summary = {"threads": args.threads, "variant": args.variant, "dtypes": {}}
+    summary = {"threads": args.threads, "variant": args.variant, "processor": processor_signature("cpu"), "dtypes": {}}
     for name in args.dtypes:
         target, _ = load_default_target(dtype=getattr(torch, name))
         drafter = load_default_drafter(target, variant=args.variant)
@@ -77,7 +80,8 @@ def main() -> None:
         draft = profile_draft_curve(drafter, threads=args.threads, repeats=args.repeats, statistic=args.statistic)
         draft = nondecreasing_costs(draft)
         draft.save(draft_path)
-        step.plot(ROOT / "benchmarks" / "results" / f"step_curve_SmolLM2-135M-Instruct_cpu_{name}_t{args.threads}.png")
+        summary_path = ROOT / args.summary
+        step.plot(summary_path.with_name(f"{summary_path.stem}_step_curve_{name}.png"))
         gamma = drafter.config.block_size
         summary["dtypes"][name] = {
             "verify_ms": {b: round(_ms(step, b), 1) for b in (1, 2, 4, 8, 16, 32, 64, 128)},

@@ -1,10 +1,16 @@
 """The padded-layout policies: uniform ℓ, Θ under R·(1 + L), causal early stop, lagged argmax, Appendix A."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hf_dspark.padded_scheduler import padded_throughput, schedule_padded_greedy, schedule_padded_lagged
+from hf_dspark.padded_scheduler import (
+    batch1_outlook,
+    padded_throughput,
+    schedule_padded_greedy,
+    schedule_padded_lagged,
+)
 from hf_dspark.scheduler import StepCurve, get_policy
 from hf_dspark.verification import verify_sampling
 
@@ -165,3 +171,13 @@ def test_appendix_a_lagged_draft_or_decode_is_lossless_and_a_leaky_rule_is_not()
     result = verify_sampling(drafts, p_draft.expand(n, 1, 2), p_target.expand(n, 2, 2), leaky, generator=gen)
     token = torch.where(result.num_accepted >= 1, drafts[:, 0], result.next_token)
     assert abs(float((token == 0).double().mean()) - 0.7) > 0.05
+
+
+def test_batch1_outlook_by_hand():
+    # L = 1: (1 + 0.5) / (1.5 + 0.1) = 0.9375 of plain; L = 2: (1 + 0.5 + 0.25) / (2.0 + 0.1) = 0.833.
+    length, ratio = batch1_outlook([0.5, 0.5], [1.0, 1.5, 2.0], 0.1)
+    assert length == 1 and ratio == pytest.approx(1.5 / 1.6)
+    # Perfect drafts and a flat curve: verify everything, (1 + 2) / 1.2 = 2.5x.
+    assert batch1_outlook([1.0, 1.0], [1.0, 1.1, 1.2], 0.0) == (2, pytest.approx(2.5))
+    with pytest.raises(ValueError, match="γ \\+ 1 verification costs"):
+        batch1_outlook([0.5, 0.5], [1.0, 1.5], 0.1)

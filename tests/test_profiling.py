@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hf_dspark import profiling
+from hf_dspark.hardware import processor_signature
 from hf_dspark.profiling import (
     block_layout,
     default_taps,
@@ -35,7 +36,7 @@ def test_profile_tiny_target(llama_target):
     assert all(s > 0 for s in curve.steps_per_second)
     assert curve.model == model_name(llama_target) == "llama-5L-64d"
     assert (curve.device, curve.dtype, curve.threads) == ("cpu", "float32", 1)
-    assert curve.processor == profiling.processor_signature("cpu")
+    assert curve.processor == processor_signature("cpu")
     assert torch.get_num_threads() == 1  # restored
 
 
@@ -75,6 +76,8 @@ def test_step_curve_path_uses_env_and_key(cache_dir):
     assert path == cache_dir / "step_curves" / "HuggingFaceTB--SmolLM2-135M-Instruct__cpu__float32__t2.json"
     shipped = shipped_step_curve_path("HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", "float32", 1)
     assert shipped.name == "SmolLM2-135M-Instruct__cpu__float32__t1.json"
+    assert shipped.parent == profiling.shipped_curves_dir("cpu")  # this kind of processor's folder
+    assert profiling.shipped_curves_dir("cpu", "x86_64/AVX512+bf16").name == "x86_64--AVX512--bf16"
 
 
 def test_load_or_profile_caches(llama_target, cache_dir, monkeypatch):
@@ -130,7 +133,7 @@ def test_curves_from_another_kind_of_processor_are_measured_again(llama_target, 
     """A shipped curve measured on another kind of processor (an AVX512-bf16 machine's costs on an AVX2 one, where
     bf16 is ~10x slower instead of faster) is skipped and this machine is profiled; the new curve records where."""
     monkeypatch.setattr(profiling, "SHIPPED_STEP_CURVES", tmp_path / "shipped")
-    here = profiling.processor_signature("cpu")
+    here = processor_signature("cpu")
     elsewhere = StepCurve([1, 8], [10.0, 5.0], threads=1, profiler=profiling.PROFILER_VERSION,
                           processor=f"{here}-but-another-one")
     shipped_path = shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1)
@@ -143,23 +146,23 @@ def test_curves_from_another_kind_of_processor_are_measured_again(llama_target, 
     assert load_or_profile_step_curve(llama_target, threads=1) == measured  # the user cache comes first
 
 
-def test_processor_signature_names_the_architecture_and_capability():
-    signature = profiling.processor_signature("cpu")
-    assert signature.split("/")[1].removesuffix("+bf16") == torch.backends.cpu.get_cpu_capability()
-    assert signature.endswith("+bf16") == profiling.native_bf16("cpu")
-
-
 def test_every_shipped_curve_has_the_current_profiler_version():
-    paths = sorted(profiling.SHIPPED_STEP_CURVES.glob("*.json"))
+    paths = sorted(profiling.SHIPPED_STEP_CURVES.glob("*/*.json"))
     assert paths and all(StepCurve.load(path).profiler == profiling.PROFILER_VERSION for path in paths)
 
 
-def test_shipped_default_curve_is_valid():
-    path = shipped_step_curve_path("SmolLM2-135M-Instruct", "cpu", "float32", 1)
-    curve = StepCurve.load(path)
-    assert curve.batch_tokens[0] == 1 and curve.batch_tokens[-1] >= 64
-    assert curve.threads == 1 and curve.dtype == "float32" and curve.device == "cpu"
-    assert curve.steps_per_second[0] > curve.steps_per_second[-1]
+def test_shipped_default_curves_are_valid_and_filed_under_their_processor():
+    folders = sorted(path for path in profiling.SHIPPED_STEP_CURVES.iterdir() if path.is_dir())
+    assert [folder.name for folder in folders] == ["x86_64--AVX2", "x86_64--AVX512--bf16"]
+    for folder in folders:
+        for path in folder.glob("*.json"):  # a curve is only looked up in its own processor's folder
+            assert profiling.shipped_curves_dir("cpu", StepCurve.load(path).processor) == folder, path
+        path = shipped_step_curve_path("SmolLM2-135M-Instruct", "cpu", "float32", 1, processor=StepCurve.load(
+            next(folder.glob("*.json"))).processor)
+        curve = StepCurve.load(path)
+        assert curve.batch_tokens[0] == 1 and curve.batch_tokens[-1] >= 64
+        assert curve.threads == 1 and curve.dtype == "float32" and curve.device == "cpu"
+        assert curve.steps_per_second[0] > curve.steps_per_second[-1]
 
 
 def test_profile_cli(llama_target, tmp_path):
@@ -226,19 +229,8 @@ def test_draft_curve_profiled_cached_and_shared_by_architecture(llama_target, ca
 
 
 def test_shipped_draft_curves_are_valid():
-    for path in profiling.SHIPPED_STEP_CURVES.glob("draft__*.json"):
+    for path in profiling.SHIPPED_STEP_CURVES.glob("*/draft__*.json"):
         curve = StepCurve.load(path)
         assert curve.batch_tokens[0] == 1 and curve.model in path.name
         costs = [1 / s for s in curve.steps_per_second]
         assert costs == sorted(costs), path.name  # shipped costs never fall with more rows
-
-
-@pytest.mark.parametrize("native", [True, False])
-def test_half_precision_on_a_cpu_without_native_bf16_is_warned(monkeypatch, caplog, native):
-    monkeypatch.setattr(profiling, "native_bf16", lambda device="cpu": native)
-    type(profiling.logger).warning_once.cache_clear()  # once per process: forget earlier tests' warnings
-    with caplog.at_level("WARNING"):
-        assert profiling.resolve_dtype("bfloat16", "cpu") == "bfloat16"  # kept: the user asked for it
-        assert profiling.resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
-        assert not profiling.warn_if_slow_dtype("float32", "cpu")
-    assert ("slower than float32" in caplog.text) == (not native)

@@ -36,7 +36,7 @@ assert (package / "py.typed").is_file()
 for variant in DEFAULT_DRAFTER_VARIANTS:
     folder = default_drafter_dir(variant)
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file(), folder
-assert sorted(SHIPPED_STEP_CURVES.glob("*.json")), SHIPPED_STEP_CURVES
+assert sorted(SHIPPED_STEP_CURVES.glob("*/*.json")), SHIPPED_STEP_CURVES
 assert "{{ card_data }}" in card_template()
 print("package data ok:", package)
 """
@@ -61,7 +61,7 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for needed in ("hf_dspark/py.typed", "hf_dspark/templates/dspark_drafter_card.md",
                    "hf_dspark/resources/drafters/smollm2-135m-instruct-dspark/model.safetensors",
-                   "hf_dspark/resources/step_curves/SmolLM2-135M-Instruct__cpu__float32__t1.json"):
+                   "hf_dspark/resources/step_curves/x86_64--AVX2/SmolLM2-135M-Instruct__cpu__float32__t1.json"):
         assert needed in names, needed
 
     env_dir = tmp_path / "venv"

@@ -214,34 +214,8 @@ class DSparkConfig(PreTrainedConfig):
                 f"markov_rank must be >= 1 with head_type={self.head_type!r}, got {self.markov_rank!r}; "
                 "use head_type='none' for a drafter without a sequential head."
             )
-        if not self.target_layer_ids:
-            raise ValueError("target_layer_ids is empty; tap at least one target layer (e.g. [1]).")
-        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
-            raise ValueError(f"target_layer_ids has duplicates: {self.target_layer_ids}.")
-        last = self.num_target_layers - 1
-        for layer in self.target_layer_ids:
-            if layer < 0 or layer > last:
-                raise ValueError(
-                    f"target_layer_ids contains {layer}, outside the target's layers 0..{last}."
-                )
-        if last in self.target_layer_ids:
-            raise ValueError(
-                f"target_layer_ids taps the target's last layer ({last}); its output is the next-token "
-                f"representation the drafter must not copy. Use layers up to {max(0, last - 2)} "
-                f"(default: {default_target_layer_ids(self.num_target_layers)})."
-            )
-        if len(self.calibration_temperatures) != self.block_size:
-            raise ValueError(
-                f"calibration_temperatures has {len(self.calibration_temperatures)} entries for block_size "
-                f"{self.block_size}; give one temperature per position (or none for 1.0)."
-            )
-        temps = list(self.calibration_temperatures) + list(self.calibration_temperatures_greedy or [])
-        if any(not math.isfinite(t) or t <= 0 for t in temps):
-            raise ValueError(f"calibration temperatures must be finite and > 0, got {temps}.")
-        if self.calibration_temperatures_greedy is not None and len(self.calibration_temperatures_greedy) != (
-            self.block_size
-        ):
-            raise ValueError("calibration_temperatures_greedy needs one temperature per position (block_size).")
+        self._validate_taps()
+        self._validate_calibration()
         self._validate_heldout_acceptance()
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
@@ -265,6 +239,40 @@ class DSparkConfig(PreTrainedConfig):
                 "sample_from_anchor=False (the DFlash anchor + γ masks layout) is not a native DSpark layout; "
                 "load DFlash checkpoints through hf_dspark.interop, which keeps their convention."
             )
+
+    def _validate_taps(self) -> None:
+        """target_layer_ids: non-empty, distinct, inside the target, and never its last layer."""
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids is empty; tap at least one target layer (e.g. [1]).")
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"target_layer_ids has duplicates: {self.target_layer_ids}.")
+        last = self.num_target_layers - 1
+        for layer in self.target_layer_ids:
+            if layer < 0 or layer > last:
+                raise ValueError(
+                    f"target_layer_ids contains {layer}, outside the target's layers 0..{last}."
+                )
+        if last in self.target_layer_ids:
+            raise ValueError(
+                f"target_layer_ids taps the target's last layer ({last}); its output is the next-token "
+                f"representation the drafter must not copy. Use layers up to {max(0, last - 2)} "
+                f"(default: {default_target_layer_ids(self.num_target_layers)})."
+            )
+
+    def _validate_calibration(self) -> None:
+        """One finite, positive STS temperature per position, for each mode that has them."""
+        if len(self.calibration_temperatures) != self.block_size:
+            raise ValueError(
+                f"calibration_temperatures has {len(self.calibration_temperatures)} entries for block_size "
+                f"{self.block_size}; give one temperature per position (or none for 1.0)."
+            )
+        temps = list(self.calibration_temperatures) + list(self.calibration_temperatures_greedy or [])
+        if any(not math.isfinite(t) or t <= 0 for t in temps):
+            raise ValueError(f"calibration temperatures must be finite and > 0, got {temps}.")
+        if self.calibration_temperatures_greedy is not None and len(self.calibration_temperatures_greedy) != (
+            self.block_size
+        ):
+            raise ValueError("calibration_temperatures_greedy needs one temperature per position (block_size).")
 
     def _validate_heldout_acceptance(self) -> None:
         for mode, rates in (self.heldout_acceptance or {}).items():

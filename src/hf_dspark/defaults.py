@@ -43,7 +43,7 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     """Return (model, tokenizer) for SmolLM2-135M-Instruct, dequantised from the packaged GGUF (≈20 s on CPU)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .profiling import warn_if_slow_dtype
+    from .hardware import warn_if_slow_dtype
 
     warn_if_slow_dtype(str(dtype).removeprefix("torch."), str(device))
     folder = default_target_dir()

@@ -14,11 +14,17 @@ all rows (prefix-closed by construction), and the objective reduces to one dimen
 - `draft_or_decode`: the cost-aware round (policy "auto"). Θ counts the drafter too,
   Θ(k, L) = E[committed tokens] / (T_verify(R·(1 + L)) + T_draft(k)), and may choose k = 0 rows, L = 0: decode
   plainly without the drafter's forward. Its inputs are realised acceptances of earlier rounds (lagged).
+- `batch1_outlook`: what drafting can give one request on this machine, from the curves and an acceptance
+  estimate (the demo's explanation of what `auto` chose).
 - `sunk_cost_stop`: once drafted, Algorithm 1's causal early stop on this round's survivals with the drafter's
   cost already paid, looking ahead with earlier rounds' acceptance so that a jagged curve does not stop it early.
 """
 
 from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
 
 import torch
 
@@ -103,6 +109,26 @@ def draft_or_decode(
     count, length = best // gamma + 1, best % gamma + 1
     chosen[order[:count, length - 1]] = True
     return chosen, length
+
+
+def batch1_outlook(acceptance: Sequence[float], verify_seconds: Sequence[float],
+                   draft_seconds: float) -> tuple[int, float]:
+    """Θ(L) / Θ(0) at batch 1, maximised over L = 1..γ: the best a fixed draft length can do against plain decoding.
+
+    Θ(L) = (1 + Σ_{j≤L} Π_{i≤j} q_i) / (T_verify(1 + L) + T_draft(1)) and Θ(0) = 1 / T_verify(1), with q `[γ]` the
+    conditional acceptance per position (e.g. the drafter's held-out acceptance), verify_seconds `[γ + 1]` the
+    padded costs T_verify(1 + L) for L = 0..γ (`padded_verify_seconds(curve, 1, γ)`) and draft_seconds one proposal
+    for one row. Returns (L, ratio); a ratio below 1 means drafting cannot pay for one request here.
+    """
+    if len(verify_seconds) != len(acceptance) + 1 or not acceptance:
+        raise ValueError(f"need γ >= 1 acceptance rates and γ + 1 verification costs, got {len(acceptance)} and "
+                         f"{len(verify_seconds)}.")
+    survival = list(itertools.accumulate((min(max(float(q), 0.0), 1.0) for q in acceptance), operator.mul))
+    tokens = list(itertools.accumulate(survival, initial=1.0))  # E(L) for L = 0..γ
+    plain = 1.0 / float(verify_seconds[0])
+    ratios = [tokens[L] / (float(verify_seconds[L]) + draft_seconds) / plain for L in range(1, len(tokens))]
+    best = max(range(len(ratios)), key=ratios.__getitem__)
+    return best + 1, ratios[best]
 
 
 def sunk_cost_stop(survival: torch.Tensor, rows: int, verify_seconds: torch.Tensor, draft_seconds: float,

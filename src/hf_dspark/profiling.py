@@ -13,8 +13,9 @@ batch-1 shape (one row with B tokens). On this CPU the two shapes differ little 
 Curves are cached per (model, device, dtype, threads) as JSON, and only trusted on the kind of processor that
 measured them (`processor_signature`), under `~/.cache/hf_dspark/step_curves/` (the root
 `~/.cache/hf_dspark` is overridden by the environment variable `HF_DSPARK_CACHE`). `load_or_profile_step_curve`
-looks in that cache, then in the curves shipped with the package (`hf_dspark/resources/step_curves/`, measured
-on the development machine for the default target), and only then profiles, once, with a progress bar.
+looks in that cache, then in the curves shipped with the package for this kind of processor
+(`hf_dspark/resources/step_curves/<processor>/`, e.g. `x86_64--AVX2/`: the default target and drafters, measured
+on the project's development machines), and only then profiles, once, with a progress bar.
 
 The drafter's cost curve is profiled the same way (`profile_draft_curve`: one `propose` call at the drafter's γ
 over a `context`-token cache, against rows R, as a `StepCurve` of proposals per second) and cached per
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import re
 import statistics
 import time
@@ -42,6 +42,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
 from .generation.attention import packed_gqa_attention
+from .hardware import processor_signature
 from .step_curve import StepCurve
 
 logger = logging.get_logger(__name__)
@@ -99,10 +100,18 @@ def step_curve_path(model: str, device: str, dtype: str, threads: int | None = N
     return cache_root() / "step_curves" / step_curve_filename(model, device, dtype, threads)
 
 
-def shipped_step_curve_path(model: str, device: str, dtype: str, threads: int) -> Path:
-    """Path a curve shipped with the package would have; matched on the model's basename so that
-    "HuggingFaceTB/SmolLM2-135M-Instruct" and the embedded "SmolLM2-135M-Instruct" share one file."""
-    return SHIPPED_STEP_CURVES / step_curve_filename(model.rstrip("/").rsplit("/", 1)[-1], device, dtype, threads)
+def shipped_curves_dir(device: str = "cpu", processor: str | None = None) -> Path:
+    """The package's folder of curves measured on one kind of processor (default: this one, `processor_signature`),
+    e.g. `resources/step_curves/x86_64--AVX2/`."""
+    return SHIPPED_STEP_CURVES / _slug(processor or processor_signature(device))
+
+
+def shipped_step_curve_path(model: str, device: str, dtype: str, threads: int, processor: str | None = None) -> Path:
+    """Path a curve shipped with the package would have for this kind of processor (`shipped_curves_dir`); matched
+    on the model's basename so that "HuggingFaceTB/SmolLM2-135M-Instruct" and the embedded "SmolLM2-135M-Instruct"
+    share one file."""
+    name = step_curve_filename(model.rstrip("/").rsplit("/", 1)[-1], device, dtype, threads)
+    return shipped_curves_dir(device, processor) / name
 
 
 # ---------------------------------------------------------------------------------------------- measurement
@@ -245,17 +254,6 @@ def profile_step_curve(
 
 
 # ---------------------------------------------------------------------------------------------- cache
-def processor_signature(device: str | torch.device = "cpu") -> str:
-    """The kind of processor a curve is measured on: `"<arch>/<torch CPU capability>[+bf16]"` for a CPU (e.g.
-    `"x86_64/AVX512+bf16"`, `"x86_64/AVX2"`), the GPU's name for CUDA. Costs measured on one kind do not carry to
-    another: without native bf16 a bf16 matmul runs ~7× slower than fp32, where with it bf16 is the faster one."""
-    kind = torch.device(device).type
-    if kind == "cuda" and torch.cuda.is_available():
-        return f"cuda/{torch.cuda.get_device_name(torch.device(device))}"
-    capability = torch.backends.cpu.get_cpu_capability() if kind == "cpu" else kind
-    return f"{platform.machine()}/{capability}{'+bf16' if kind == 'cpu' and native_bf16('cpu') else ''}"
-
-
 def _current_curve(paths: Sequence[Path], what: str, device: str = "cpu") -> StepCurve | None:
     """The first readable curve of `paths` measured by this `PROFILER_VERSION` on this kind of processor (None:
     profile it). Unreadable curves, curves of an older or newer profiler and curves measured on another kind of
@@ -315,11 +313,12 @@ def drafter_architecture(drafter) -> str:
 
 
 def draft_curve_path(architecture: str, device: str, dtype: str, threads: int | None = None,
-                     shipped: bool = False) -> Path:
-    """Where the user cache (or, with `shipped`, the package) keeps the drafter's cost curve."""
+                     shipped: bool = False, processor: str | None = None) -> Path:
+    """Where the user cache (or, with `shipped`, the package's folder for this kind of processor, or `processor`)
+    keeps the drafter's cost curve."""
     threads = torch.get_num_threads() if threads is None else threads
     name = "draft__" + step_curve_filename(architecture, device, dtype, threads)
-    return SHIPPED_STEP_CURVES / name if shipped else cache_root() / "draft_curves" / name
+    return shipped_curves_dir(device, processor) / name if shipped else cache_root() / "draft_curves" / name
 
 
 def _context_cache(drafter, rows: int, context: int, seed: int):
@@ -404,49 +403,3 @@ def load_or_profile_draft_curve(drafter, threads: int | None = None, progress: b
     curve = profile_draft_curve(drafter, threads=threads, progress=progress, **profile_kwargs)
     curve.save(path)
     return curve
-
-
-# ---------------------------------------------------------------------------------------------- dtype
-def native_bf16(device: str = "cpu") -> bool:
-    """Whether `device` computes bf16 natively (CPU: oneDNN's bf16 path, i.e. AVX512-BF16 or AMX; CUDA: bf16)."""
-    if device.startswith("cuda"):
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
-def default_dtype(device: str = "cpu") -> str:
-    """The dtype the demo and benchmarks use by default: "bfloat16" where it is native, else "float32".
-
-    Measured on the development CPU (AVX512-BF16 and AMX, 1 thread, `benchmarks/results/cost_curves.json`): in
-    bf16 an 8-token verification costs ≈ 1.4 single-token steps instead of ≈ 2.6, batched steps are about twice
-    as fast and the drafter's forward less than half as long; only a lone plain decoding step is slightly slower.
-    Lossless then means: the same distribution as plain bf16 `generate`; greedy text may differ from it at
-    near-ties (a k-token forward rounds differently from a 1-token forward). fp32 stays bit-identical.
-    """
-    return "bfloat16" if native_bf16(device) else "float32"
-
-
-def resolve_dtype(choice: str, device: str = "auto") -> str:
-    """`choice` unless it is "auto", which becomes `default_dtype` of `device` ("auto": CUDA when available). An
-    explicit half-precision choice on a CPU without native bf16 is kept, with a warning (`warn_if_slow_dtype`)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice != "auto":
-        warn_if_slow_dtype(choice, device)
-        return choice
-    return default_dtype(device)
-
-
-def warn_if_slow_dtype(dtype: str, device: str = "cpu", fix: str = "use float32 (or dtype auto)") -> bool:
-    """Warn once per process (and return True) when `dtype` is bf16/fp16 on a CPU without native bf16: there
-    oneDNN's fast path is missing and half-precision matmuls fall back to a reference kernel ~7× slower than fp32
-    (measured on an AVX2 CPU by scripts/cpu_matmul_costs.py: a 2048×576 by 576×8192 matmul 2.29 s vs 0.33 s), so
-    a bf16 run or training job crawls."""
-    if dtype not in ("bfloat16", "float16") or not str(device).startswith("cpu") or native_bf16("cpu"):
-        return False
-    logger.warning_once(f"{dtype} on this CPU ({processor_signature('cpu')}, no native bf16) runs matmuls several "
-                        f"times slower than float32: {fix}.")
-    return True

@@ -35,7 +35,7 @@ class StepCurve:
     The metadata fields (model, device, dtype, threads, created, profiler, processor) are optional and only describe
     the measurement; `profiler` is the version of the profiled code path (`profiling.PROFILER_VERSION`), so that a
     cached curve measured by an older release can be told apart and measured again; `processor` is the kind of
-    processor it was measured on (`profiling.processor_signature`), so that a curve from another kind of machine is
+    processor it was measured on (`hardware.processor_signature`), so that a curve from another kind of machine is
     measured again rather than trusted.
     """
 

@@ -21,7 +21,7 @@ SERVE_SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/m
 
 
 def _dtype(args: argparse.Namespace) -> str:
-    from ..profiling import resolve_dtype
+    from ..hardware import resolve_dtype
 
     return resolve_dtype(args.dtype, args.device)
 

@@ -29,7 +29,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     check_nonempty(args.parser, "--prompt", args.prompt)
     check_drafter_path(args.parser, "--drafter", args.drafter)
     from ..generation.policy import POLICIES
-    from ..profiling import resolve_dtype
+    from ..hardware import resolve_dtype
 
     if args.policy not in POLICIES:
         args.parser.error(f"--policy {args.policy!r} is not a dspark_policy; choose one of {list(POLICIES)}")
@@ -54,9 +54,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
           f"accepted length τ = {stats.mean_accepted_length:.2f} tokens/round over {stats.rounds} rounds "
           f"(γ = {drafter.config.block_size}, {stats.draft_tokens_accepted}/{stats.draft_tokens_verified} drafts "
           f"accepted, policy {args.policy!r})")
+    if args.policy == "auto":
+        print(_auto_explained(target, drafter, stats, greedy=not args.sample))
     if args.compare:
         _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds)
     return 0
+
+
+def _auto_explained(target, drafter, stats, greedy: bool) -> str:
+    """How many rounds "auto" drafted, and what drafting can give one request on this machine (its cost curves and
+    the drafter's held-out acceptance), so that a speedup near 1× explains itself."""
+    from ..generation.acceptance import heldout_acceptance
+    from ..hardware import processor_signature
+    from ..padded_scheduler import batch1_outlook, padded_verify_seconds
+    from ..profiling import load_or_profile_draft_curve, load_or_profile_step_curve
+
+    drafted = f"'auto' drafted in {stats.rounds - stats.skipped_rounds} of {stats.rounds} rounds"
+    acceptance = heldout_acceptance(drafter, greedy)
+    if not acceptance:
+        return drafted + " (this drafter has no held-out acceptance to forecast with)."
+    verify = padded_verify_seconds(load_or_profile_step_curve(target), 1, len(acceptance)).tolist()
+    draft_curve = load_or_profile_draft_curve(drafter)
+    draft = 1.0 / float(draft_curve.steps_per_second_at(1)) if draft_curve is not None else 0.0
+    length, ratio = batch1_outlook(acceptance, verify, draft)
+    where = f"{processor_signature(target.device)}, {str(target.dtype).removeprefix('torch.')}"
+    verdict = "drafting pays here" if ratio > 1.0 else "drafting cannot pay here, so 'auto' decodes plainly and probes"
+    return (f"{drafted}. On this machine ({where}) a round verifying {length} draft(s) costs "
+            f"{(verify[length] + draft) / verify[0]:.2f} plain steps with the drafter, and this drafter's held-out "
+            f"acceptance makes its best fixed length worth {ratio:.2f}x plain decoding at batch 1: {verdict}.")
 
 
 def _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds: float) -> None:

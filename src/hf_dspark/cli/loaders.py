@@ -53,8 +53,8 @@ def load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool =
         return load_default_target(dtype=dtype, device=device)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..hardware import warn_if_slow_dtype
     from ..interop.sources import resolve_model_source
-    from ..profiling import warn_if_slow_dtype
 
     warn_if_slow_dtype(dtype_name, str(device))
     hub = resolve_model_source(path, what="target")  # a missing folder / offline name fails here, named

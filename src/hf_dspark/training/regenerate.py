@@ -152,8 +152,8 @@ def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):
         return load_default_target(dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from ..hardware import warn_if_slow_dtype
     from ..interop.sources import resolve_model_source
-    from ..profiling import warn_if_slow_dtype
 
     warn_if_slow_dtype(str(dtype).removeprefix("torch."), "cpu")
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
@@ -310,7 +310,7 @@ def prepare_data(config: PrepareDataConfig, model=None, tokenizer=None) -> Path:
     if not pending:
         return output_dir
     if model is None or tokenizer is None:
-        from ..profiling import resolve_dtype
+        from ..hardware import resolve_dtype
 
         dtype = resolve_dtype(config.dtype, "cpu")
         model, tokenizer = load_target(config.target, config.gguf_file, getattr(torch, dtype))

@@ -249,7 +249,7 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
         check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None,
                          resume_requested=args.resume_from_checkpoint not in (None, False, ""))
     if args.device.type == "cpu":
-        from ..profiling import warn_if_slow_dtype
+        from ..hardware import warn_if_slow_dtype
 
         slow = "bfloat16" if args.bf16 else "float16" if args.fp16 else config.target_dtype
         warn_if_slow_dtype(slow, "cpu", fix="train with --target_dtype float32 and without --bf16 / --fp16")
