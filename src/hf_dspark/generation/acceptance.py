@@ -29,12 +29,19 @@ from .cost_correction import CostCorrection
 @dataclass
 class AcceptanceMemory:
     """Pooled decayed counts `[γ]` over every observed row (the prior of new requests), the probe schedule and the
-    measured round costs (`CostCorrection`), kept across calls with the same drafter."""
+    measured round costs (`CostCorrection`), kept across calls with the same drafter.
+
+    The probe schedule: `probe_interval`, rounds between probes within the probe budget; `futile_probes`, probes in a
+    row after which drafting still did not pay (each doubles the wait for the next); `probe_verdict_due`, a probe
+    ran and the next plan has not yet said whether it found drafts that pay.
+    """
 
     successes: torch.Tensor
     trials: torch.Tensor
     rounds_since_probe: int = 0
     probe_interval: int = 0
+    futile_probes: int = 0
+    probe_verdict_due: bool = False
     costs: CostCorrection = field(default_factory=CostCorrection)
 
     @classmethod

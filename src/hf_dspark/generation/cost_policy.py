@@ -12,7 +12,10 @@ Skipping observes nothing new: a skipped request's own estimate only drifts back
 the L that would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
 `probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain round)), clamped to
 [`min_interval`, `max_interval`], and lengthened after each probe if the probe measured dearer than planned
-(`_respace_probes`). A drafter never observed before probes in its first round.
+(`_respace_probes`). A probe after which drafting still does not pay is *futile*: each futile probe in a row
+doubles the wait for the next one (up to `max_interval`), so a drafter that keeps failing costs ever less, and the
+first plan that drafts again resets it (like a serving engine's back-off from speculation). A drafter never
+observed before probes in its first round.
 
 The curves are corrected by what earlier rounds measured (`cost_correction.CostCorrection`, fed by
 `observe_round`): plain rounds' predicted cost × f_plain, drafting rounds' × f_drafting.
@@ -142,22 +145,31 @@ class CostAwarePlanner:
         costs = self.corrected_costs(count)
         chosen, length = self._decide(rows, cap, costs)
         memory = self.tracker.memory
+        if memory.probe_verdict_due or length > 0:  # the last probe's verdict (or any evidence that drafts pay)
+            memory.futile_probes = 0 if length > 0 else memory.futile_probes + 1
+            memory.probe_verdict_due = False
         if length > 0:
             memory.rounds_since_probe = 0
             drafting = chosen.nonzero().flatten()
             forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
             return DraftPlan(rows=drafting, length=length, batch_rows=count, forecast=forecast)
         memory.rounds_since_probe += 1
-        due = not memory.observed or memory.rounds_since_probe >= max(memory.probe_interval, self.min_interval)
+        due = not memory.observed or memory.rounds_since_probe >= self.probe_wait(memory)
         if not due or not bool((cap > 0).any()):
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         hopeful = torch.full((count, gamma), self.optimistic, dtype=torch.float64).cumprod(dim=-1)
         chosen, length = draft_or_decode(self._expected(hopeful, cap), *costs)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
-        memory.rounds_since_probe = 0
+        memory.rounds_since_probe, memory.probe_verdict_due = 0, True
         memory.probe_interval = self._interval(costs, int(chosen.sum()), length)
         return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count)
+
+    def probe_wait(self, memory) -> int:
+        """Plain rounds before the next probe: the budgeted interval, doubled per futile probe in a row, at most
+        `max_interval` (never below `min_interval`)."""
+        base = max(memory.probe_interval, self.min_interval)
+        return int(min(base * 2 ** min(memory.futile_probes, 30), max(self.max_interval, self.min_interval)))
 
     def _decide(self, rows: list[Any], cap: torch.Tensor, costs) -> tuple[torch.Tensor, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a

@@ -1,0 +1,66 @@
+"""The "auto" policy's planner (hf_dspark.generation.cost_policy): the probe schedule and its back-off."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker
+from hf_dspark.generation.cost_policy import CostAwarePlanner
+from hf_dspark.scheduler import StepCurve
+
+GAMMA = 4
+ONE_SECOND = StepCurve([1, 4096], [1.0, 1.0])  # a verification forward: 1 s for any B
+TENTH = StepCurve([1, 4096], [10.0, 10.0])  # a proposal: 0.1 s
+
+
+def _planner(rate: float) -> CostAwarePlanner:
+    """A planner whose pool holds conditional acceptance `rate` at every position, firmly (1000 trials each)."""
+    memory = AcceptanceMemory.empty(GAMMA)
+    memory.trials = torch.full((GAMMA,), 1000.0, dtype=torch.float64)
+    memory.successes = memory.trials * rate
+    # A probe costs 0.1 s more than a plain round (the proposal): within a 1% budget, one per 10 rounds.
+    return CostAwarePlanner(AcceptanceTracker(GAMMA, memory), ONE_SECOND, TENTH, probe_budget=0.01,
+                            min_interval=4, max_interval=64, measured_costs=False)
+
+
+def _probe_rounds(planner: CostAwarePlanner, rounds: int) -> list[int]:
+    """Plan `rounds` rounds of request "a", whose drafts are never accepted; the indices of the probe rounds."""
+    cap, probes = torch.tensor([GAMMA]), []
+    for index in range(rounds):
+        plan = planner.plan(["a"], cap)
+        length = plan.length if plan.drafts else 0
+        planner.tracker.observe(["a"], torch.tensor([length]), torch.tensor([0]))
+        probes += [index] if plan.probe else []
+    return probes
+
+
+def test_futile_probes_back_off_and_drafts_that_pay_reset_the_wait():
+    planner = _planner(rate=0.0)
+    probes = _probe_rounds(planner, 300)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(probes)]
+    # First probe once min_interval rounds passed; then the budget's 10 rounds, doubled per futile probe, capped.
+    assert probes[0] == 3 and planner.tracker.memory.probe_interval == 10
+    assert gaps == [20, 40, 64, 64, 64]
+    assert planner.tracker.memory.futile_probes == len(probes)
+
+
+def test_a_plan_that_drafts_forgets_the_back_off():
+    planner = _planner(rate=0.9)  # drafts that pay: 4.1 tokens per 1.1 s against 1 per second
+    memory = planner.tracker.memory
+    memory.probe_interval, memory.futile_probes = 10, 3
+    assert planner.probe_wait(memory) == 64
+    assert planner.plan(["a"], torch.tensor([GAMMA])).drafts
+    assert memory.futile_probes == 0 and planner.probe_wait(memory) == 10
+
+
+def test_without_futile_probes_the_wait_is_the_budgeted_interval():
+    planner = _planner(rate=0.0)
+    memory = planner.tracker.memory
+    memory.probe_interval = 10
+    assert planner.probe_wait(memory) == 10
+    memory.probe_interval = 2
+    assert planner.probe_wait(memory) == 4  # never below min_interval
+    memory.futile_probes = 40
+    assert planner.probe_wait(memory) == 64  # never beyond max_interval
