@@ -6,10 +6,11 @@ the batch-1 ratios that decide whether speculation pays (8-token verification / 
     python scripts/compare_dtype_costs.py --ship-from benchmarks/results/dtype_costs.json [--overwrite] \
         [--overwrite-step-curves]
 
-`--ship-from` turns a report into the curves shipped in `src/hf_dspark/resources/step_curves/`: the drafter's
-cost curve per dtype and the target's SPS(B) for the dtypes without a fully profiled shipped curve (`hf-dspark
-profile` measures more points; on a machine shared with other jobs its costs come out inflated and jumbled, and the
-interleaved idle-machine medians here are the better estimate).
+`--ship-from` turns a report into the curves shipped in `src/hf_dspark/resources/step_curves/<processor>/` (the
+processor kind that measured the report): the drafter's cost curve per dtype and the target's SPS(B) for the dtypes
+without a fully profiled shipped curve (`hf-dspark profile` measures more points; on a machine shared with other
+jobs its costs come out inflated and jumbled, and the interleaved idle-machine medians here are the better
+estimate).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from datetime import datetime, timezone
 import torch
 
 from hf_dspark import load_default_drafter, load_default_target
+from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.profiling import _prefill, _select_rows, _time_forward, _verification_inputs, default_taps
 
@@ -52,25 +54,30 @@ def _monotone(steps_per_second: list[float]) -> list[float]:
 
 def ship(report_path: str, overwrite: bool, overwrite_step_curves: bool = False) -> None:
     """Write the report's medians as shipped `StepCurve`s (target SPS(B) unless one ships; drafter per dtype)."""
-    from hf_dspark.profiling import DEFAULT_DRAFT_ROWS, draft_curve_path, shipped_step_curve_path
+    from hf_dspark.profiling import DEFAULT_DRAFT_ROWS, PROFILER_VERSION, draft_curve_path, shipped_step_curve_path
     from hf_dspark.step_curve import StepCurve
 
     with open(report_path, encoding="utf-8") as handle:
         report = json.load(handle)
     ms, threads = report["median_ms"], int(report["threads"])
     architecture = report.get("drafter_architecture", "dspark-2L-576d-markov64-g7-v49152")
+    processor = report.get("processor")  # curves are filed under the processor kind that measured them
+    if processor is None:
+        raise SystemExit(f"{report_path} does not say which kind of processor measured it (older report); "
+                         "measure again to ship its curves")
     for dtype in ("float32", "bfloat16"):
         points = {"verify": {}, "propose": {}}
         for key, value in ms.items():
             name, kind, x = key.split(" ")[0], key.split(" ")[1], int(key.rsplit("=", 1)[1])
             if name == dtype:
                 points[kind][x] = 1e3 / value
-        meta = dict(device="cpu", dtype=dtype, threads=threads, created=report["created"])
-        step_path = shipped_step_curve_path(DEFAULT_TARGET, "cpu", dtype, threads)
+        meta = dict(device="cpu", dtype=dtype, threads=threads, created=report["created"], processor=processor,
+                    profiler=PROFILER_VERSION)
+        step_path = shipped_step_curve_path(DEFAULT_TARGET, "cpu", dtype, threads, processor=processor)
         if not step_path.exists() or overwrite_step_curves:
             xs = sorted(points["verify"])
             StepCurve(xs, _monotone([points["verify"][x] for x in xs]), model=DEFAULT_TARGET, **meta).save(step_path)
-        draft_path = draft_curve_path(architecture, "cpu", dtype, threads, shipped=True)
+        draft_path = draft_curve_path(architecture, "cpu", dtype, threads, shipped=True, processor=processor)
         if draft_path.exists() and not overwrite:
             raise SystemExit(f"{draft_path} exists; pass --overwrite to replace it")
         xs = sorted(points["propose"])
@@ -126,6 +133,7 @@ def main() -> None:
     from hf_dspark.profiling import drafter_architecture
 
     report = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": args.threads,
+              "processor": processor_signature("cpu"),
               "drafter_architecture": drafter_architecture(models["float32"][1]),
               "sweeps": args.sweeps, "gamma": gamma, "load_average_at_end": os.getloadavg(), "median_ms": ms,
               "batch1": ratios}

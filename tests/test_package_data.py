@@ -14,8 +14,10 @@ def test_runtime_files_live_inside_the_package():
     package = resources.files("hf_dspark")
     assert package.joinpath("py.typed").is_file()
     assert package.joinpath("templates", "dspark_drafter_card.md").is_file()
-    folders = [p for p in package.joinpath("resources", "step_curves").iterdir() if p.is_dir()]  # one per processor
+    curves = package.joinpath("resources", "step_curves")
+    folders = [p for p in curves.iterdir() if p.is_dir()]  # one per kind of processor, and no curve outside them
     assert folders and all(any(p.name.endswith(".json") for p in folder.iterdir()) for folder in folders)
+    assert not [p.name for p in curves.iterdir() if p.name.endswith(".json")]
     assert package.joinpath("resources", "drafters", "smollm2-135m-instruct-dspark", "config.json").is_file()
 
 

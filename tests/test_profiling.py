@@ -76,7 +76,9 @@ def test_step_curve_path_uses_env_and_key(cache_dir):
     assert path == cache_dir / "step_curves" / "HuggingFaceTB--SmolLM2-135M-Instruct__cpu__float32__t2.json"
     shipped = shipped_step_curve_path("HuggingFaceTB/SmolLM2-135M-Instruct", "cpu", "float32", 1)
     assert shipped.name == "SmolLM2-135M-Instruct__cpu__float32__t1.json"
-    assert shipped.parent == profiling.shipped_curves_dir("cpu")  # this kind of processor's folder
+    here = processor_signature("cpu")  # e.g. "x86_64/AVX2": this kind of processor's folder
+    assert shipped.parent.parent == profiling.SHIPPED_STEP_CURVES
+    assert shipped.parent.name == here.replace("/", "--").replace("+", "--")
     assert profiling.shipped_curves_dir("cpu", "x86_64/AVX512+bf16").name == "x86_64--AVX512--bf16"
 
 

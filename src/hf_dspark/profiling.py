@@ -5,17 +5,13 @@ tokens on top of a `DynamicCache` prefilled to `cache_length` tokens per row, wi
 `position_ids`, a few tapped hidden states (`output_hidden_states=[...]`) and logits for every position, exactly
 the call `RaggedTargetCache.forward` makes. The result is a `StepCurve` (median steps per second per B).
 
-How B tokens are laid out: `rows = min(B, max_rows)` rows, each with `ceil(B / rows)` slots; exactly B slots are
-valid and the rest are masked padding, like the loop's ragged `[A, 1 + max ℓ]` block. So B ≤ max_rows measures B
-decoding rows with ℓ = 0 and larger B measures max_rows rows verifying more drafts each. `max_rows=1` gives the
-batch-1 shape (one row with B tokens). On this CPU the two shapes differ little (the linear layers dominate).
+How B tokens are laid out: `rows = min(B, max_rows)` rows of `ceil(B / rows)` slots, exactly B of them valid and the
+rest masked padding, like the loop's ragged `[A, 1 + max ℓ]` block (`max_rows=1`: one row with B tokens).
 
-Curves are cached per (model, device, dtype, threads) as JSON, and only trusted on the kind of processor that
-measured them (`processor_signature`), under `~/.cache/hf_dspark/step_curves/` (the root
-`~/.cache/hf_dspark` is overridden by the environment variable `HF_DSPARK_CACHE`). `load_or_profile_step_curve`
-looks in that cache, then in the curves shipped with the package for this kind of processor
-(`hf_dspark/resources/step_curves/<processor>/`, e.g. `x86_64--AVX2/`: the default target and drafters, measured
-on the project's development machines), and only then profiles, once, with a progress bar.
+Curves are cached per (model, device, dtype, threads) as JSON under `~/.cache/hf_dspark/step_curves/` (root:
+`$HF_DSPARK_CACHE`) and trusted only on the kind of processor that measured them (`processor_signature`).
+`load_or_profile_step_curve` looks in that cache, then among the package's curves for this kind of processor
+(`resources/step_curves/<processor>/`, e.g. `x86_64--AVX2/`), and only then profiles, once, with a progress bar.
 
 The drafter's cost curve is profiled the same way (`profile_draft_curve`: one `propose` call at the drafter's γ
 over a `context`-token cache, against rows R, as a `StepCurve` of proposals per second) and cached per
@@ -47,8 +43,7 @@ from .step_curve import StepCurve
 
 logger = logging.get_logger(__name__)
 
-# Dense below 8: batch-1 rounds live at B = 1..γ+1, and on this CPU fp32 the curve is jagged there (B=3 ≈ 124 ms
-# but B=4 ≈ 90 ms for the default target, 1 thread), which interpolating between 2 and 4 would hide.
+# Dense below 8: batch-1 rounds live at B = 1..γ+1, where fp32 CPU curves are jagged (interpolation would hide it).
 DEFAULT_BATCH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 DEFAULT_DRAFT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SHIPPED_STEP_CURVES = Path(__file__).resolve().parent / "resources" / "step_curves"
@@ -283,9 +278,9 @@ def load_or_profile_step_curve(target, threads: int | None = None, progress: boo
                                **profile_kwargs) -> StepCurve:
     """The step curve for (model, device, dtype, threads) of `target`, profiling it once if none exists.
 
-    Looks in the user cache (`step_curve_path`), then in the curves shipped with the package
-    (`shipped_step_curve_path`, e.g. the default target on CPU in fp32), else runs `profile_step_curve(target,
-    threads=threads, **profile_kwargs)` with a progress bar and saves the result atomically to the user cache.
+    Looks in the user cache (`step_curve_path`), then in the package's curves for this kind of processor
+    (`shipped_step_curve_path`), else runs `profile_step_curve(target, threads=threads, **profile_kwargs)` with a
+    progress bar and saves the result atomically to the user cache.
     threads: the thread count the curve must match (default: torch's current count).
     """
     threads = torch.get_num_threads() if threads is None else int(threads)

@@ -20,7 +20,7 @@ def _stats(drafted_rows: list[int]) -> DSparkGenerationStats:
 
 @pytest.mark.parametrize("acceptance, verdict", [(0.2, "cannot pay here"), (0.95, "drafting pays here")])
 def test_demo_says_how_often_auto_drafted_and_what_drafting_can_give(llama_target, monkeypatch, acceptance, verdict):
-    # 5 tokens cost 2 plain steps, a proposal 0.2 of one: 0.95 acceptance pays (≈ 1.9x), 0.2 cannot (< 0.7x).
+    # 5 tokens cost 2 plain steps, a proposal 0.2 of one: 0.95 acceptance pays (≈ 2.1x), 0.2 cannot (≈ 0.8x).
     step = StepCurve([1, 2, 5], [10.0, 8.0, 5.0])
     monkeypatch.setattr(profiling, "load_or_profile_step_curve", lambda target: step)
     monkeypatch.setattr(profiling, "load_or_profile_draft_curve", lambda drafter: StepCurve([1, 8], [50.0, 10.0]))

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..padded_scheduler import draft_or_decode, padded_verify_seconds
-from .acceptance import AcceptanceTracker
+from .acceptance import AcceptanceMemory, AcceptanceTracker
 
 if TYPE_CHECKING:
     from .round import RoundRecord
@@ -145,7 +145,8 @@ class CostAwarePlanner:
         costs = self.corrected_costs(count)
         chosen, length = self._decide(rows, cap, costs)
         memory = self.tracker.memory
-        if memory.probe_verdict_due or length > 0:  # the last probe's verdict (or any evidence that drafts pay)
+        if length > 0 or (memory.probe_verdict_due and bool((cap > 0).any())):
+            # The last probe's verdict (not while no row may draft at all), or any evidence that drafts pay.
             memory.futile_probes = 0 if length > 0 else memory.futile_probes + 1
             memory.probe_verdict_due = False
         if length > 0:
@@ -165,10 +166,10 @@ class CostAwarePlanner:
         memory.probe_interval = self._interval(costs, int(chosen.sum()), length)
         return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count)
 
-    def probe_wait(self, memory) -> int:
+    def probe_wait(self, memory: AcceptanceMemory) -> int:
         """Plain rounds before the next probe: the budgeted interval, doubled per futile probe in a row, at most
-        `max_interval` (never below `min_interval`)."""
-        base = max(memory.probe_interval, self.min_interval)
+        `max_interval` (never below `min_interval`, nor 1)."""
+        base = max(memory.probe_interval, self.min_interval, 1)
         return int(min(base * 2 ** min(memory.futile_probes, 30), max(self.max_interval, self.min_interval)))
 
     def _decide(self, rows: list[Any], cap: torch.Tensor, costs) -> tuple[torch.Tensor, int]:
