@@ -43,8 +43,8 @@ from .step_curve import StepCurve
 
 logger = logging.get_logger(__name__)
 
-# Dense below 8: batch-1 rounds live at B = 1..γ+1, where fp32 CPU curves are jagged (interpolation would hide it).
-DEFAULT_BATCH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+# Dense below 8 (batch-1 rounds; fp32 CPU curves are jagged there); up to 32 rows × (1 + γ=7) so C = 32 is measured.
+DEFAULT_BATCH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 DEFAULT_DRAFT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 SHIPPED_STEP_CURVES = Path(__file__).resolve().parent / "resources" / "step_curves"
 CACHE_ENV = "HF_DSPARK_CACHE"
