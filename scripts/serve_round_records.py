@@ -15,6 +15,7 @@ import argparse
 import time
 
 import torch
+from profile_round_phases import SETS, Recorder  # the sibling script's prompt sets and round recorder
 
 from hf_dspark import load_default_target
 from hf_dspark.defaults import load_default_drafter
@@ -24,16 +25,6 @@ from hf_dspark.generation.engine import DSparkEngine
 from hf_dspark.hardware import resolve_dtype
 from hf_dspark.modeling_dspark import DSparkDrafter
 from hf_dspark.profiling import load_or_profile_draft_curve, load_or_profile_step_curve
-
-SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/mt-bench.jsonl"]
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.records = []
-
-    def on_round(self, record) -> None:
-        self.records.append(record)
 
 
 def serve(target, drafter, policy, prompts, args) -> tuple[float, list]:
