@@ -15,6 +15,7 @@ from hf_dspark.losses import (
     combine_losses,
     confidence_loss,
     dspark_loss,
+    kd_loss,
     tv_loss,
     weighted_position_mean,
 )
@@ -152,3 +153,40 @@ def test_draft_vocabulary_loss_equals_full_vocabulary_loss_with_zero_outside():
     # CE only counts labels inside the subset
     inside = labels_draft.ne(IGNORE_INDEX)
     assert 0 < int(inside.sum()) < inside.numel()
+
+
+def test_kd_hand_computed_and_zero_at_the_target():
+    p_target = torch.tensor([[[0.5, 0.3, 0.2]]])
+    log_p_draft = torch.tensor([[[0.25, 0.25, 0.5]]]).log()
+    mask, weights = torch.ones(1, 1, dtype=torch.bool), torch.ones(1)
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.3 * math.log(0.3 / 0.25) + 0.2 * math.log(0.2 / 0.5)
+    assert kd_loss(log_p_draft, p_target, mask, weights).item() == pytest.approx(expected, rel=1e-5)
+    assert kd_loss(p_target.log(), p_target, mask, weights).item() == pytest.approx(0.0, abs=1e-7)
+    # a draft vocabulary: p_target restricted (sums to < 1) is not renormalised; zeros contribute nothing
+    restricted = torch.tensor([[[0.6, 0.0]]])
+    log_q = torch.tensor([[[0.75, 0.25]]]).log()
+    assert kd_loss(log_q, restricted, mask, weights).item() == pytest.approx(0.6 * math.log(0.6 / 0.75), rel=1e-5)
+
+
+def test_kd_raises_a_token_the_drafter_all_but_excludes_where_tv_does_not():
+    """The reason for the term: Eq. (12)'s gradient on a logit is p_draft·(s − E[s]), ~0 for a token the drafter
+    gives ~0 mass, however much the target wants it; KL's is p_draft − p_target."""
+    p_target = torch.tensor([[[0.5, 0.5, 0.0]]])
+    logits = torch.tensor([[[-12.0, 6.0, 0.0]]], requires_grad=True)
+    mask, weights = torch.ones(1, 1, dtype=torch.bool), torch.ones(1)
+    (grad_tv,) = torch.autograd.grad(tv_loss(logits.softmax(-1), p_target, mask, weights), logits)
+    (grad_kd,) = torch.autograd.grad(kd_loss(logits.log_softmax(-1), p_target, mask, weights), logits)
+    assert abs(grad_tv[0, 0, 0].item()) < 1e-6  # TV: no push on token 0
+    assert grad_kd[0, 0, 0].item() == pytest.approx(-0.5, abs=1e-4)  # KD: p_draft − p_target ≈ −0.5
+
+
+def test_alpha_kd_adds_the_weighted_term_and_is_skipped_at_zero():
+    logits, target = _logits(2, 2, 3, 7), _logits(2, 2, 3, 7, seed=1)
+    labels = torch.randint(0, 7, (2, 2, 3), generator=torch.Generator().manual_seed(2))
+    off = dspark_loss(logits, target.softmax(-1), labels)
+    on = dspark_loss(logits, target.softmax(-1), labels, alpha_kd=0.5)
+    assert off.kd is None and "loss_kd" not in off.metrics()
+    expected = kd_loss(logits.log_softmax(-1), target.softmax(-1), labels.ne(IGNORE_INDEX), position_weights(3))
+    torch.testing.assert_close(on.kd, expected)
+    torch.testing.assert_close(on.loss, off.loss + 0.5 * expected)
+    assert on.metrics()["loss_kd"] == pytest.approx(expected.item())

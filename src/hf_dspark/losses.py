@@ -76,6 +76,24 @@ def tv_loss(
     return weighted_position_mean(total_variation(p_draft, p_target.detach()), mask, weights)
 
 
+def kd_loss(
+    log_p_draft: torch.Tensor, p_target: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """Distillation term (an extension, not in the paper): L_kd = Σ_k w_k KL(p_target_k ‖ p_draft_k) over the
+    drafter's vocabulary, as a weighted mean over valid positions.
+
+    log_p_draft: `[..., γ, V_d]` log-probabilities; p_target: `[..., γ, V_d]` the target's full-vocabulary softmax
+    restricted to the drafter's vocabulary (rows sum to ≤ 1, not renormalised; no gradient); mask: bool `[..., γ]`;
+    weights: `[γ]`. Returns a scalar ≥ 0 (0 when p_draft equals p_target on the subset and the subset holds all
+    of p_target's mass). Its gradient on the drafter's logits, Σp_target·p_draft − p_target, raises every token
+    the target likes however little mass the drafter gives it now; Eq. (12)'s gradient p_draft·(s − E[s]) does
+    not, so a token the drafter all but excludes stays excluded under L_tv alone.
+    """
+    p_target = p_target.detach()
+    kl = (torch.xlogy(p_target, p_target) - p_target * log_p_draft).sum(dim=-1)
+    return weighted_position_mean(kl, mask, weights)
+
+
 def confidence_loss(
     confidence_logits: torch.Tensor, acceptance: torch.Tensor, mask: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
@@ -128,6 +146,7 @@ class DSparkLossOutput:
     Attributes:
         loss: scalar L (with gradient).
         ce, tv: scalars L_ce (Eq. 11), L_tv (Eq. 12).
+        kd: scalar L_kd (`kd_loss`), or `None` when its weight is 0.
         confidence: scalar L_conf (Eq. 13), or `None` without confidence logits.
         acceptance_rate: `[γ]` mean c*_k per position over valid positions (detached).
         accepted_length: scalar τ estimate 1 + Σ_k ∏_{i≤k} c*_i (detached).
@@ -143,10 +162,13 @@ class DSparkLossOutput:
     accepted_length: torch.Tensor
     confidence_mae: torch.Tensor | None
     num_positions: int
+    kd: torch.Tensor | None = None
 
     def metrics(self) -> dict[str, float]:
         """Flat float metrics for logging: loss parts, `acc_rate_k{k}` (1-based), `tau_est`, `conf_mae`."""
         named = {"loss_ce": self.ce, "loss_tv": self.tv, "tau_est": self.accepted_length}
+        if self.kd is not None:
+            named["loss_kd"] = self.kd
         if self.confidence is not None:
             named["loss_conf"] = self.confidence
         if self.confidence_mae is not None:
@@ -165,6 +187,7 @@ def dspark_loss(
     alpha: tuple[float, float, float] = DEFAULT_ALPHA,
     weights: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
+    alpha_kd: float = 0.0,
 ) -> DSparkLossOutput:
     """Eq. (14) with its parts (Eqs. 11-13) and metrics, from teacher-forced drafter logits and target probabilities.
 
@@ -175,7 +198,9 @@ def dspark_loss(
     valid: bool `[..., γ]` positions that count for Eqs. 12-13 and the metrics (default: labels != IGNORE_INDEX; with a
     draft vocabulary pass the positions whose gold token exists, so positions the drafter cannot get right still
     count as rejections); confidence_logits: `[..., γ]` or `None`; alpha: (α_ce, α_tv, α_conf); weights: `[γ]`
-    (default w_k of Eq. 11). p_draft and p_target are both at temperature 1, the label the confidence head learns.
+    (default w_k of Eq. 11); alpha_kd: weight of the distillation term `kd_loss` added to Eq. (14) (0: the paper's
+    objective, and L_kd is not computed). p_draft and p_target are both at temperature 1, the label the confidence
+    head learns.
     """
     gamma = labels.shape[-1]
     if draft_logits.shape[:-1] != labels.shape or p_target.shape != draft_logits.shape:
@@ -200,8 +225,10 @@ def dspark_loss(
         with torch.no_grad():
             err = (torch.sigmoid(confidence_logits.float()) - acceptance).abs()
             mae = (err * mask).sum() / mask.sum().clamp_min(1)
+    kd = kd_loss(log_p_draft, p_target, mask, weights) if alpha_kd > 0 else None
+    loss = combine_losses(ce, tv, conf, alpha)
     return DSparkLossOutput(
-        loss=combine_losses(ce, tv, conf, alpha),
+        loss=loss if kd is None else loss + alpha_kd * kd,
         ce=ce,
         tv=tv,
         confidence=conf,
@@ -209,4 +236,5 @@ def dspark_loss(
         accepted_length=accepted_length_estimate(acceptance, mask),
         confidence_mae=mae,
         num_positions=int(mask.sum()),
+        kd=kd,
     )

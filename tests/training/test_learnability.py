@@ -52,8 +52,9 @@ def drafted_accepted_lengths(drafter, target, sequences: torch.Tensor, cut: int)
     return torch.cumprod(right, dim=1).sum(dim=1)
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 24], ids=["full-vocab", "draft-vocab"])
-def test_pipeline_learns_a_counting_continuation(tmp_path, draft_vocab):
+@pytest.mark.parametrize(("draft_vocab", "alpha_kd"), [(None, 0.0), (24, 0.0), (None, 1.0)],
+                         ids=["full-vocab", "draft-vocab", "full-vocab-distillation"])
+def test_pipeline_learns_a_counting_continuation(tmp_path, draft_vocab, alpha_kd):
     target = counting_target()
     sequences = counting(torch.randint(0, VOCAB, (64,), generator=torch.Generator().manual_seed(1)), LENGTH)
     assert torch.equal(target(input_ids=sequences).logits[:, :-1].argmax(-1), sequences[:, 1:]), "target must count"
@@ -65,7 +66,7 @@ def test_pipeline_learns_a_counting_continuation(tmp_path, draft_vocab):
     args = DSparkTrainingArguments(
         output_dir=str(tmp_path), max_steps=120, per_device_train_batch_size=8, learning_rate=3e-3,
         anchors_per_sequence=512, use_cpu=True, report_to="none", save_strategy="no", logging_steps=40,
-        warmup_steps=5, weight_decay=0.0, seed=0, disable_tqdm=True,
+        warmup_steps=5, weight_decay=0.0, seed=0, disable_tqdm=True, alpha_kd=alpha_kd,
     )
     trainer = DSparkTrainer(model=drafter, args=args, target=target, train_dataset=DSparkDataset(examples),
                             data_collator=DSparkCollator(GAMMA, 512, pad_token_id=0, seed=0))

@@ -47,6 +47,15 @@ def test_only_drafter_trains_and_metrics_are_logged(tmp_path, tiny_target, head)
     assert ("conf_mae" in logs[0]) and 1.0 <= logs[0]["tau_est"] <= 5.0
 
 
+def test_distillation_term_is_trained_and_logged(tmp_path, tiny_target):
+    drafter = make_tiny_drafter(tiny_target)
+    data = build_dataset(tokenized_records(8))
+    trainer = DSparkTrainer(model=drafter, args=_args(tmp_path, alpha_kd=1.0), target=tiny_target, train_dataset=data)
+    trainer.train()
+    kd = [entry["loss_kd"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(kd) == 3 and all(value > 0 for value in kd)
+
+
 def test_save_model_writes_drafter_only_and_reloads(tmp_path, tiny_target, tiny_drafter):
     trainer = DSparkTrainer(model=tiny_drafter, args=_args(tmp_path, max_steps=1), target=tiny_target,
                             train_dataset=build_dataset(tokenized_records(4)))
@@ -112,12 +121,15 @@ def test_parse_train_args_and_validation(tmp_path):
         Path(name).write_text("")
     config, args = parse_train_args(
         ["--data", *files, "--output_dir", str(tmp_path), "--head_type", "none",
-         "--target_layer_ids", "1", "3", "--alpha_tv", "0.5", "--use_cpu", "--report_to", "none"]
+         "--target_layer_ids", "1", "3", "--alpha_tv", "0.5", "--alpha_kd", "0.25", "--use_cpu", "--report_to",
+         "none"]
     )
     assert config.data == files and config.target_layer_ids == [1, 3]
     with pytest.raises(ValueError, match=r"data: .*missing\.jsonl does not exist"):  # before the target loads
         DSparkTrainConfig(data=[str(tmp_path / "missing.jsonl")])
-    assert config.head_type == "none" and args.alpha == (0.1, 0.5, 1.0)
+    assert config.head_type == "none" and args.alpha == (0.1, 0.5, 1.0) and args.alpha_kd == 0.25
+    with pytest.raises(ValueError, match="alpha_kd must be >= 0"):
+        _args(tmp_path, alpha_kd=-1.0)
     with pytest.raises(ValueError, match="feature_cache_dir"):
         _args(tmp_path, feature_mode="offline")
     with pytest.raises(ValueError, match="feature_mode"):

@@ -40,6 +40,8 @@ class DSparkTrainingArguments(TrainingArguments):
 
     Args:
         alpha_ce, alpha_tv, alpha_conf: weights of Eq. (14) (paper defaults 0.1, 0.9, 1.0).
+        alpha_kd: weight of the distillation term KL(p_target ‖ p_draft) added to Eq. (14) (`losses.kd_loss`;
+            default 0, the paper's objective).
         anchors_per_sequence: anchor blocks sampled per sequence per step (N).
         feature_mode: `"online"` (the target runs in-process, default) or `"offline"` (safetensors cache).
         feature_cache_dir: folder of the offline cache (required with `feature_mode="offline"`).
@@ -55,6 +57,9 @@ class DSparkTrainingArguments(TrainingArguments):
     alpha_ce: float = field(default=0.1, metadata={"help": "α_ce, weight of the cross-entropy loss (Eq. 11)."})
     alpha_tv: float = field(default=0.9, metadata={"help": "α_tv, weight of the total-variation loss (Eq. 12)."})
     alpha_conf: float = field(default=1.0, metadata={"help": "α_conf, weight of the confidence BCE (Eq. 13)."})
+    alpha_kd: float = field(
+        default=0.0, metadata={"help": "Weight of the distillation term KL(p_target || p_draft) (0: paper objective)."}
+    )
     anchors_per_sequence: int = field(default=16, metadata={"help": "Anchor blocks sampled per sequence."})
     feature_mode: str = field(default="online", metadata={"help": "Target features: 'online' or 'offline'."})
     feature_cache_dir: str | None = field(default=None, metadata={"help": "Offline feature cache folder."})
@@ -77,8 +82,8 @@ class DSparkTrainingArguments(TrainingArguments):
             raise ValueError("feature_mode='offline' needs feature_cache_dir (a folder for the safetensors cache).")
         if self.anchors_per_sequence < 1:
             raise ValueError(f"anchors_per_sequence must be >= 1, got {self.anchors_per_sequence}.")
-        if min(self.alpha_ce, self.alpha_tv, self.alpha_conf) < 0:
-            raise ValueError("alpha_ce, alpha_tv and alpha_conf must be >= 0.")
+        if min(self.alpha_ce, self.alpha_tv, self.alpha_conf, self.alpha_kd) < 0:
+            raise ValueError("alpha_ce, alpha_tv, alpha_conf and alpha_kd must be >= 0.")
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns=True would drop the DSpark batch keys; leave it False.")
         if self.stop_after_steps is not None and self.stop_after_steps < 1:
@@ -194,7 +199,8 @@ class DSparkTrainer(Trainer):
             index = target_to_draft_index(drafter.t2d)[labels.clamp_min(0)]
             labels = index.masked_fill(~valid | index.lt(0), IGNORE_INDEX)
         parts = dspark_loss(
-            outputs.logits, p_target, labels, outputs.confidence_logits, alpha=self.args.alpha, valid=valid
+            outputs.logits, p_target, labels, outputs.confidence_logits, alpha=self.args.alpha, valid=valid,
+            alpha_kd=self.args.alpha_kd,
         )
         self._store_metrics(parts, "train" if model.training else "eval")
         return (parts.loss, outputs) if return_outputs else parts.loss
