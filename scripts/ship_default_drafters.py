@@ -37,6 +37,8 @@ EARLIER_STAGES = [
     "v3: warm start from v2, 1,200 steps × 2 sequences, the v2 recipe at peak lr 5e-4 cosine, data order seed 1",
     "v4: warm start from the fp32 v3 checkpoint, 1,200 steps × 2 sequences, the same recipe at peak lr 5e-4 "
     "cosine, data order seed 2",
+    "v5: warm start from the fp32 v4 checkpoint, 1,200 steps × 2 sequences, the same recipe at peak lr 5e-4 "
+    "cosine, data order seed 3",
 ]
 TITLES = {"dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
           "dflash": "DFlash-style baseline drafter for SmolLM2-135M-Instruct (hf-dspark)"}
@@ -52,17 +54,23 @@ def reproduce_block(variant: str, args, limit: int, init: str | None = None) -> 
     sets = "data/eval/gsm8k.jsonl data/eval/humaneval.jsonl data/eval/mt-bench.jsonl"
     steps, lr, seed = args.max_steps, f"{args.learning_rate:g}", args.seed
     init = init or folder
+    dtype = "bf16" if args.bf16 else "fp32"
+    dtype_flags = "--target_dtype bfloat16 --bf16 True" if args.bf16 else "--target_dtype float32"
+    kd = getattr(args, "alpha_kd", 0.0)
+    kd_flag = f" --alpha_kd {kd:g}" if kd else ""
+    batch = args.per_device_train_batch_size
     return f"""```bash
 # the last stage: warm start from the previous stage ({init}; earlier stages: the git history of this
-# folder and scripts/train_default.sh), 1 CPU thread, online bf16 target features, dense anchors, 8,192-token
+# folder and scripts/train_default.sh), 1 CPU thread, online {dtype} target features, dense anchors, 8,192-token
 # draft vocabulary, {steps} cosine steps at peak lr {lr}; the validation split stays the one of seed 0
 OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --output_dir {out} \\
-  --resume_from_checkpoint auto --init_drafter {init} --target_dtype bfloat16 --bf16 True --use_cpu True \\
-  --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size 2 --max_steps {steps} \\
-  --learning_rate {lr} --lr_scheduler_type cosine --warmup_steps 10 --weight_decay 0.0 \\
-  --validation_fraction 0.004 --eval_strategy steps --eval_steps {args.eval_steps} --per_device_eval_batch_size 4 \\
-  --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \\
-  --train_sampling_strategy group_by_length --num_threads 1 --report_to none --seed {seed} --validation_seed 0
+  --resume_from_checkpoint auto --init_drafter {init} {dtype_flags} --use_cpu True \\
+  --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size {batch} \\
+  --max_steps {steps} --learning_rate {lr} --lr_scheduler_type cosine --warmup_steps {args.warmup_steps} \\
+  --weight_decay 0.0 --validation_fraction 0.004 --eval_strategy steps --eval_steps {args.eval_steps} \\
+  --per_device_eval_batch_size 4 --save_strategy steps --save_steps {args.save_steps} --save_total_limit 3 \\
+  --logging_steps 5 --train_sampling_strategy group_by_length --num_threads 1 --report_to none --seed {seed} \\
+  --validation_seed 0{kd_flag}
 # bf16 export, calibration on held-out training prompts, card
 python scripts/ship_default_drafters.py export --variant {variant} --checkpoint {out}/checkpoint-{steps} --force
 hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_prompts.jsonl \\
@@ -120,9 +128,13 @@ def budget_text(checkpoint: Path, cpu_hours: float | None, stage: str) -> tuple[
     compute = f"{cpu_hours:.1f} CPU-hours in all stages" if cpu_hours else "compute not recorded"
     earlier = [text for text in EARLIER_STAGES if int(text.split(":")[0][1:]) < int(stage[1:])]
     previous = earlier[-1].split(":")[0] if earlier else "scratch"
+    recipe = "the same recipe" + ("" if args.bf16 else " in fp32 (no bf16 autocast)")
+    kd = getattr(args, "alpha_kd", 0.0)
+    if kd:
+        recipe += f" plus the distillation term KL(p_target ‖ p_draft) at α_kd = {kd:g}"
     text = (". ".join(earlier) + (". " if earlier else "") + f"{stage} (this stage): warm start from {previous}, "
             f"{steps} steps × {batch} "
-            f"sequences, the same recipe at peak lr {args.learning_rate:g} cosine, data order seed {args.seed} "
+            f"sequences, {recipe}, peak lr {args.learning_rate:g} cosine, data order seed {args.seed} "
             f"({epochs:.3f} epochs of 9,000 sequences); {compute}. Training-batch τ estimate (T = 1) at the end: "
             f"{last['tau_est']:.2f}")
     if held_out:

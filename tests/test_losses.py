@@ -15,6 +15,7 @@ from hf_dspark.losses import (
     combine_losses,
     confidence_loss,
     dspark_loss,
+    greedy_agreement,
     kd_loss,
     tv_loss,
     weighted_position_mean,
@@ -190,3 +191,23 @@ def test_alpha_kd_adds_the_weighted_term_and_is_skipped_at_zero():
     torch.testing.assert_close(on.kd, expected)
     torch.testing.assert_close(on.loss, off.loss + 0.5 * expected)
     assert on.metrics()["loss_kd"] == pytest.approx(expected.item())
+
+
+def test_greedy_agreement_by_hand_and_with_a_draft_vocabulary():
+    p_draft = torch.tensor([[0.6, 0.4], [0.2, 0.8], [0.9, 0.1]])
+    p_target = torch.tensor([[0.7, 0.3], [0.6, 0.4], [0.5, 0.5]])  # full vocabulary: argmax ties go to index 0
+    assert greedy_agreement(p_draft, p_target).tolist() == [True, False, True]
+    # restricted target rows: the subset's argmax is certain only when it beats the mass outside (1 - Σ)
+    restricted = torch.tensor([[0.5, 0.1], [0.3, 0.1]])  # outside: 0.4 < 0.5 (certain), 0.6 > 0.3 (not)
+    assert greedy_agreement(torch.tensor([[0.9, 0.1], [0.9, 0.1]]), restricted).tolist() == [True, False]
+
+
+def test_greedy_metrics_in_the_loss_output():
+    logits = _logits(1, 2, 3, 5)
+    labels = torch.randint(0, 5, (1, 2, 3), generator=torch.Generator().manual_seed(3))
+    same = dspark_loss(logits, logits.softmax(-1), labels)
+    torch.testing.assert_close(same.greedy_rate, torch.ones(3))
+    assert same.greedy_length.item() == pytest.approx(4.0) and same.metrics()["tau_greedy_est"] == pytest.approx(4.0)
+    flipped = dspark_loss(logits, (-logits).softmax(-1), labels)  # the target's argmax is the drafter's argmin
+    torch.testing.assert_close(flipped.greedy_rate, torch.zeros(3))
+    assert flipped.metrics()["greedy_acc_k1"] == 0.0

@@ -124,6 +124,19 @@ def per_position_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (v * m).sum(0) / m.sum(0).clamp_min(1.0)
 
 
+def greedy_agreement(p_draft: torch.Tensor, p_target: torch.Tensor) -> torch.Tensor:
+    """Where greedy verification would accept the draft: argmax p_draft = argmax p_target. `[..., V_d]` ×2 -> bool
+    `[...]`.
+
+    p_target is restricted to the drafter's vocabulary (rows may sum to < 1); its argmax over the subset is the
+    target's argmax over the full vocabulary for certain only when it exceeds the mass outside the subset, so
+    positions where it does not count as rejections (a lower bound; exact without a draft vocabulary).
+    """
+    top_target, argmax_target = p_target.max(dim=-1)
+    certain = top_target > (1.0 - p_target.sum(dim=-1))
+    return p_draft.argmax(dim=-1).eq(argmax_target) & certain
+
+
 def accepted_length_estimate(acceptance: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """τ estimate: mean over blocks of 1 + Σ_k ∏_{i≤k} c*_i (docs/scheduling.md, section 1).
 
@@ -152,6 +165,9 @@ class DSparkLossOutput:
         accepted_length: scalar τ estimate 1 + Σ_k ∏_{i≤k} c*_i (detached).
         confidence_mae: scalar mean |σ(z_k) − c*_k| over valid positions, or `None`.
         num_positions: number of valid positions in the batch.
+        greedy_rate: `[γ]` share of valid positions where greedy verification would accept (`greedy_agreement`),
+            teacher-forced on the gold previous tokens (detached).
+        greedy_length: scalar 1 + Σ_k ∏_{i≤k} [agreement_i], the T = 0 analogue of `accepted_length` (detached).
     """
 
     loss: torch.Tensor
@@ -163,6 +179,8 @@ class DSparkLossOutput:
     confidence_mae: torch.Tensor | None
     num_positions: int
     kd: torch.Tensor | None = None
+    greedy_rate: torch.Tensor | None = None
+    greedy_length: torch.Tensor | None = None
 
     def metrics(self) -> dict[str, float]:
         """Flat float metrics for logging: loss parts, `acc_rate_k{k}` (1-based), `tau_est`, `conf_mae`."""
@@ -175,6 +193,10 @@ class DSparkLossOutput:
             named["conf_mae"] = self.confidence_mae
         for k, rate in enumerate(self.acceptance_rate, start=1):
             named[f"acc_rate_k{k}"] = rate
+        if self.greedy_length is not None:
+            named["tau_greedy_est"] = self.greedy_length
+            for k, rate in enumerate(self.greedy_rate, start=1):
+                named[f"greedy_acc_k{k}"] = rate
         values = torch.stack([v.detach().float().reshape(()) for v in named.values()]).tolist()  # one device sync
         return dict(zip(named, values))
 
@@ -219,6 +241,7 @@ def dspark_loss(
     tv = tv_loss(p_draft, p_target, mask, weights)
     with torch.no_grad():
         acceptance = (1.0 - 0.5 * total_variation(p_draft, p_target)).clamp(0.0, 1.0)  # Eq. (8), Σ min(p_d, p_t)
+        greedy = greedy_agreement(p_draft, p_target).to(acceptance.dtype)
     conf = mae = None
     if confidence_logits is not None:
         conf = confidence_loss(confidence_logits, acceptance, mask, weights)
@@ -237,4 +260,6 @@ def dspark_loss(
         confidence_mae=mae,
         num_positions=int(mask.sum()),
         kd=kd,
+        greedy_rate=per_position_mean(greedy, mask),
+        greedy_length=accepted_length_estimate(greedy, mask),
     )
