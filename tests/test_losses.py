@@ -211,3 +211,23 @@ def test_greedy_metrics_in_the_loss_output():
     flipped = dspark_loss(logits, (-logits).softmax(-1), labels)  # the target's argmax is the drafter's argmin
     torch.testing.assert_close(flipped.greedy_rate, torch.zeros(3))
     assert flipped.metrics()["greedy_acc_k1"] == 0.0
+
+
+def test_metrics_pooled_by_their_weights_do_not_depend_on_the_batching():
+    """Two batches pooled with `metric_weights` give the metrics of the one batch holding both (a mean of per-batch
+    means does not when the batches hold different numbers of valid blocks)."""
+    gen = torch.Generator().manual_seed(5)
+    logits, target = torch.randn(5, 4, 9, generator=gen), torch.randn(5, 4, 9, generator=gen)
+    labels = torch.randint(0, 9, (5, 4), generator=gen)
+    labels[3:, 2:] = IGNORE_INDEX  # ragged blocks
+    labels[4, :] = IGNORE_INDEX  # an unused block
+    conf = torch.randn(5, 4, generator=gen)
+    whole = dspark_loss(logits, target.softmax(-1), labels, conf, alpha_kd=1.0)
+    parts = [dspark_loss(logits[s], target[s].softmax(-1), labels[s], conf[s], alpha_kd=1.0)
+             for s in (slice(0, 1), slice(1, 5))]
+    for name, value in whole.metrics().items():
+        pooled = sum(p.metrics()[name] * p.metric_weights()[name] for p in parts)
+        pooled /= sum(p.metric_weights()[name] for p in parts)
+        assert pooled == pytest.approx(value, rel=1e-5, abs=1e-6), name
+    naive = sum(p.metrics()["tau_est"] for p in parts) / 2
+    assert naive != pytest.approx(whole.metrics()["tau_est"], rel=1e-3)

@@ -168,6 +168,8 @@ class DSparkLossOutput:
         greedy_rate: `[γ]` share of valid positions where greedy verification would accept (`greedy_agreement`),
             teacher-forced on the gold previous tokens (detached).
         greedy_length: scalar 1 + Σ_k ∏_{i≤k} [agreement_i], the T = 0 analogue of `accepted_length` (detached).
+        position_counts: `[γ]` valid positions per block position; num_blocks: blocks whose first position is valid;
+            weight_mass: Σ w_k·m, the losses' denominator. What each metric averages over (`metric_weights`).
     """
 
     loss: torch.Tensor
@@ -181,6 +183,28 @@ class DSparkLossOutput:
     kd: torch.Tensor | None = None
     greedy_rate: torch.Tensor | None = None
     greedy_length: torch.Tensor | None = None
+    position_counts: torch.Tensor | None = None
+    num_blocks: int = 0
+    weight_mass: float = 0.0
+
+    def metric_weights(self) -> dict[str, float]:
+        """For each key of `metrics()`, how many items its value averages over (losses: their weight mass; τ: blocks;
+        per-position rates: that position's valid count; `conf_mae`: positions), so batches pool exactly as one
+        large batch would, whatever the batching (a mean of per-batch means is not)."""
+        counts = [0.0] * len(self.acceptance_rate)
+        if self.position_counts is not None:
+            counts = [float(c) for c in self.position_counts.tolist()]
+        weights = {}
+        for name in self.metrics():
+            if name.startswith(("acc_rate_k", "greedy_acc_k")):
+                weights[name] = counts[int(name.rsplit("k", 1)[1]) - 1]
+            elif name.startswith("tau"):
+                weights[name] = float(self.num_blocks)
+            elif name == "conf_mae":
+                weights[name] = float(self.num_positions)
+            else:
+                weights[name] = float(self.weight_mass)
+        return weights
 
     def metrics(self) -> dict[str, float]:
         """Flat float metrics for logging: loss parts, `acc_rate_k{k}` (1-based), `tau_est`, `conf_mae`."""
@@ -262,4 +286,7 @@ def dspark_loss(
         kd=kd,
         greedy_rate=per_position_mean(greedy, mask),
         greedy_length=accepted_length_estimate(greedy, mask),
+        position_counts=mask.reshape(-1, gamma).sum(0).detach().cpu(),
+        num_blocks=int(mask.reshape(-1, gamma)[:, 0].sum()),
+        weight_mass=float((weights.to(torch.float32) * mask.to(torch.float32)).sum()),
     )

@@ -170,6 +170,7 @@ class DSparkTrainer(Trainer):
         self._cpu_clock_offset_s: float | None = None
         self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
+        self._metric_weights: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
         self._metric_counts = {"train": 0, "eval": 0}
 
     def compute_loss(
@@ -241,22 +242,24 @@ class DSparkTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
     def _store_metrics(self, parts: DSparkLossOutput, mode: str) -> None:
+        weights = parts.metric_weights()
         for name, value in parts.metrics().items():
-            self._metric_sums[mode][name] += value
+            self._metric_sums[mode][name] += value * weights[name]
+            self._metric_weights[mode][name] += weights[name]
         self._metric_counts[mode] += 1
 
     def _reduced_metrics(self, mode: str) -> dict[str, float]:
-        """Means of the stored metrics since the last log, averaged over processes."""
-        sums, count = self._metric_sums[mode], self._metric_counts[mode]
+        """The stored metrics since the last log, pooled over batches and processes by what each averages over
+        (`DSparkLossOutput.metric_weights`), so the result does not depend on how the data was batched."""
+        sums, weights = self._metric_sums[mode], self._metric_weights[mode]
         keys = sorted(sums)
-        values = torch.tensor([sums[k] for k in keys] + [float(count)], dtype=torch.float64)
+        values = torch.tensor([sums[k] for k in keys] + [weights[k] for k in keys], dtype=torch.float64)
         if self.accelerator.num_processes > 1:
             values = self.accelerator.reduce(values.to(self.args.device), reduction="sum").cpu()
-        self._metric_sums[mode], self._metric_counts[mode] = defaultdict(float), 0
-        total = float(values[-1])
-        if total == 0:
-            return {}
-        return {key: float(v) / total for key, v in zip(keys, values[:-1].tolist())}
+        self._metric_sums[mode], self._metric_weights[mode] = defaultdict(float), defaultdict(float)
+        self._metric_counts[mode] = 0
+        totals = values[len(keys):].tolist()
+        return {key: float(v) / total for key, v, total in zip(keys, values[: len(keys)].tolist(), totals) if total}
 
     def _cpu_hours(self) -> float:
         """CPU time of this process (all threads) plus what the resumed run had logged: training compute so far."""
