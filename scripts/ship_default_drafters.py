@@ -54,19 +54,20 @@ def reproduce_block(variant: str, args, limit: int, init: str | None = None) -> 
     sets = "data/eval/gsm8k.jsonl data/eval/humaneval.jsonl data/eval/mt-bench.jsonl"
     steps, lr, seed = args.max_steps, f"{args.learning_rate:g}", args.seed
     init = init or folder
+    before = ", as it was before this stage" if init == folder else ""
     dtype = "bf16" if args.bf16 else "fp32"
     dtype_flags = "--target_dtype bfloat16 --bf16 True" if args.bf16 else "--target_dtype float32"
     kd = getattr(args, "alpha_kd", 0.0)
     kd_flag = f" --alpha_kd {kd:g}" if kd else ""
-    batch = args.per_device_train_batch_size
+    batch, warmup = args.per_device_train_batch_size, args.warmup_steps
     return f"""```bash
-# the last stage: warm start from the previous stage ({init}; earlier stages: the git history of this
-# folder and scripts/train_default.sh), 1 CPU thread, online {dtype} target features, dense anchors, 8,192-token
-# draft vocabulary, {steps} cosine steps at peak lr {lr}; the validation split stays the one of seed 0
+# the last stage: warm start from the previous stage ({init}{before}; earlier stages: the git history
+# of this folder and scripts/train_default.sh), 1 CPU thread, online {dtype} target features, dense anchors,
+# 8,192-token draft vocabulary, {steps} cosine steps at peak lr {lr}; the validation split stays the one of seed 0
 OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --output_dir {out} \\
   --resume_from_checkpoint auto --init_drafter {init} {dtype_flags} --use_cpu True \\
   --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size {batch} \\
-  --max_steps {steps} --learning_rate {lr} --lr_scheduler_type cosine --warmup_steps {args.warmup_steps} \\
+  --max_steps {steps} --learning_rate {lr} --lr_scheduler_type cosine --warmup_steps {warmup:g} \\
   --weight_decay 0.0 --validation_fraction 0.004 --eval_strategy steps --eval_steps {args.eval_steps} \\
   --per_device_eval_batch_size 4 --save_strategy steps --save_steps {args.save_steps} --save_total_limit 3 \\
   --logging_steps 5 --train_sampling_strategy group_by_length --num_threads 1 --report_to none --seed {seed} \\
@@ -78,7 +79,7 @@ hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_
 # accepted length (γ = 7, no scheduler), first {limit} prompts per set, T = 0 and T = 1
 hf-dspark eval --drafters dspark=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dspark \\
   dflash=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dflash --prompt-lookup --sets {sets} \\
-  --limit {limit} --max-new-tokens 128 --batch-size 8 --threads 1 --temperature 0 \\
+  --limit {limit} --max-new-tokens 128 --batch-size 8 --threads 1 --temperature 0 --sweep \\
   --out benchmarks/results/eval_t0.json
 hf-dspark eval ... (the same) --temperature 1 --out benchmarks/results/eval_t1.json
 ```"""

@@ -9,9 +9,9 @@
 #   RECIPE=v4 scripts/train_default.sh       # v4: the v3 recipe warm-started from the fp32 v3 checkpoint (or shipped v3),
 #                                            # seed 2 (another new data order)
 #   RECIPE=v5 scripts/train_default.sh       # v5: the v4 recipe warm-started from the fp32 v4 checkpoint, seed 3
-#   RECIPE=v6 scripts/train_default.sh dspark  # v6: from shipped v5, 4 sequences per step, a gentler cosine (peak LR
-#                                            # 2e-4, 30 warm-up steps) over 800 steps, seed 4: tests whether the
-#                                            # restarts at 5e-4 and the 2-sequence batches held v3-v5 back
+#   RECIPE=v6 scripts/train_default.sh       # v6: from shipped v5, a gentler cosine (peak LR 2e-4, 20 warm-up steps)
+#                                            # over 300 steps of 2 sequences, seed 4; bf16 where the CPU has native
+#                                            # bf16, else fp32 (the shipped v6 DSpark drafter: fp32, AVX2)
 #   STEPS=4000 THREADS=2 scripts/train_default.sh dspark
 #   NPROC=2 scripts/train_default.sh         # 2 data-parallel CPU processes via accelerate (gloo)
 #
@@ -67,16 +67,20 @@ train_v2() {  # name (the shipped folder to warm-start from); RECIPE=v3/v4 chang
     steps=1200 lr=5e-4 seed=3 evals=100
     if [[ -d "$OUT/$name-v4/checkpoint-1200" ]]; then init="$OUT/$name-v4/checkpoint-1200"; fi  # fp32, not bf16
   fi
+  local dtype_flags="--target_dtype bfloat16 --bf16 True" save=20
   if [[ "$RECIPE" == "v6" ]]; then
-    steps=800 lr=2e-4 seed=4 evals=100 batch=4 warmup=30
-    if [[ -d "$OUT/$name-v5/checkpoint-1200" ]]; then init="$OUT/$name-v5/checkpoint-1200"; fi  # fp32, not bf16
+    steps=300 lr=2e-4 seed=4 evals=50 warmup=20 save=25
+    if ! "$PY" -c "import sys; from hf_dspark.hardware import native_bf16; sys.exit(0 if native_bf16() else 1)"; then
+      dtype_flags="--target_dtype float32"  # bf16 is several times slower than fp32 without native support
+    fi
   fi
+  # shellcheck disable=SC2086
   launch --data "$DATA" --output_dir "$OUT/$name-$RECIPE" --resume_from_checkpoint auto \
-    --init_drafter "$init" --target_dtype bfloat16 --bf16 True --use_cpu True \
+    --init_drafter "$init" $dtype_flags --use_cpu True \
     --draft_vocab_size 8192 --anchors_per_sequence 512 --per_device_train_batch_size "$batch" --max_steps "$steps" \
     --learning_rate "$lr" --lr_scheduler_type cosine --warmup_steps "$warmup" --weight_decay 0.0 \
     --validation_fraction 0.004 --eval_strategy steps --eval_steps "$evals" --per_device_eval_batch_size 4 \
-    --save_strategy steps --save_steps 20 --save_total_limit 3 --logging_steps 5 \
+    --save_strategy steps --save_steps "$save" --save_total_limit 3 --logging_steps 5 \
     --train_sampling_strategy group_by_length --num_threads "$THREADS" --report_to none --seed "$seed" --validation_seed "$SEED"
 }
 
