@@ -187,15 +187,16 @@ class DSparkLossOutput:
     num_blocks: int = 0
     weight_mass: float = 0.0
 
-    def metric_weights(self) -> dict[str, float]:
-        """For each key of `metrics()`, how many items its value averages over (losses: their weight mass; τ: blocks;
-        per-position rates: that position's valid count; `conf_mae`: positions), so batches pool exactly as one
-        large batch would, whatever the batching (a mean of per-batch means is not)."""
+    def metric_weights(self, names=None) -> dict[str, float]:
+        """For each key of `metrics()` (or of `names`, its keys when already computed), how many items its value
+        averages over (losses: their weight mass; τ: blocks; per-position rates: that position's valid count;
+        `conf_mae`: positions), so batches pool exactly as one large batch would, whatever the batching (a mean of
+        per-batch means is not)."""
         counts = [0.0] * len(self.acceptance_rate)
         if self.position_counts is not None:
             counts = [float(c) for c in self.position_counts.tolist()]
         weights = {}
-        for name in self.metrics():
+        for name in self.metrics() if names is None else names:
             if name.startswith(("acc_rate_k", "greedy_acc_k")):
                 weights[name] = counts[int(name.rsplit("k", 1)[1]) - 1]
             elif name.startswith("tau"):

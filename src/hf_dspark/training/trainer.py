@@ -242,8 +242,9 @@ class DSparkTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
     def _store_metrics(self, parts: DSparkLossOutput, mode: str) -> None:
-        weights = parts.metric_weights()
-        for name, value in parts.metrics().items():
+        metrics = parts.metrics()  # one device sync; the weights reuse its keys
+        weights = parts.metric_weights(metrics)
+        for name, value in metrics.items():
             self._metric_sums[mode][name] += value * weights[name]
             self._metric_weights[mode][name] += weights[name]
         self._metric_counts[mode] += 1
