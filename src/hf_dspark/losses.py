@@ -164,12 +164,13 @@ class DSparkLossOutput:
         acceptance_rate: `[γ]` mean c*_k per position over valid positions (detached).
         accepted_length: scalar τ estimate 1 + Σ_k ∏_{i≤k} c*_i (detached).
         confidence_mae: scalar mean |σ(z_k) − c*_k| over valid positions, or `None`.
-        num_positions: number of valid positions in the batch.
+        num_positions: 0-d tensor, the number of valid positions in the batch.
         greedy_rate: `[γ]` share of valid positions where greedy verification would accept (`greedy_agreement`),
             teacher-forced on the gold previous tokens (detached).
         greedy_length: scalar 1 + Σ_k ∏_{i≤k} [agreement_i], the T = 0 analogue of `accepted_length` (detached).
-        position_counts: `[γ]` valid positions per block position; num_blocks: blocks whose first position is valid;
-            weight_mass: Σ w_k·m, the losses' denominator. What each metric averages over (`metric_weights`).
+        position_counts: `[γ]` valid positions per block position; num_blocks: 0-d, blocks whose first position is
+            valid; weight_mass: 0-d, Σ w_k·m, the losses' denominator. What each metric averages over
+            (`metric_weights`); tensors on the loss's device, so the step reads them to the host once, there.
     """
 
     loss: torch.Tensor
@@ -179,32 +180,36 @@ class DSparkLossOutput:
     acceptance_rate: torch.Tensor
     accepted_length: torch.Tensor
     confidence_mae: torch.Tensor | None
-    num_positions: int
+    num_positions: torch.Tensor | int
     kd: torch.Tensor | None = None
     greedy_rate: torch.Tensor | None = None
     greedy_length: torch.Tensor | None = None
     position_counts: torch.Tensor | None = None
-    num_blocks: int = 0
-    weight_mass: float = 0.0
+    num_blocks: torch.Tensor | int = 0
+    weight_mass: torch.Tensor | float = 0.0
 
     def metric_weights(self, names=None) -> dict[str, float]:
         """For each key of `metrics()` (or of `names`, its keys when already computed), how many items its value
         averages over (losses: their weight mass; τ: blocks; per-position rates: that position's valid count;
         `conf_mae`: positions), so batches pool exactly as one large batch would, whatever the batching (a mean of
         per-batch means is not)."""
-        counts = [0.0] * len(self.acceptance_rate)
-        if self.position_counts is not None:
-            counts = [float(c) for c in self.position_counts.tolist()]
+        gamma = len(self.acceptance_rate)
+        per_position = self.position_counts if self.position_counts is not None else torch.zeros(gamma)
+        scalars = [torch.as_tensor(v, dtype=torch.float32).reshape(1)
+                   for v in (self.num_positions, self.num_blocks, self.weight_mass)]
+        device = per_position.device
+        stacked = torch.cat([s.to(device) for s in scalars] + [per_position.float().reshape(-1)]).tolist()  # one sync
+        num_positions, num_blocks, weight_mass, counts = stacked[0], stacked[1], stacked[2], stacked[3:]
         weights = {}
         for name in self.metrics() if names is None else names:
             if name.startswith(("acc_rate_k", "greedy_acc_k")):
                 weights[name] = counts[int(name.rsplit("k", 1)[1]) - 1]
             elif name.startswith("tau"):
-                weights[name] = float(self.num_blocks)
+                weights[name] = num_blocks
             elif name == "conf_mae":
-                weights[name] = float(self.num_positions)
+                weights[name] = num_positions
             else:
-                weights[name] = float(self.weight_mass)
+                weights[name] = weight_mass
         return weights
 
     def metrics(self) -> dict[str, float]:
@@ -283,11 +288,11 @@ def dspark_loss(
         acceptance_rate=per_position_mean(acceptance, mask),
         accepted_length=accepted_length_estimate(acceptance, mask),
         confidence_mae=mae,
-        num_positions=int(mask.sum()),
+        num_positions=mask.sum().detach(),
         kd=kd,
         greedy_rate=per_position_mean(greedy, mask),
         greedy_length=accepted_length_estimate(greedy, mask),
-        position_counts=mask.reshape(-1, gamma).sum(0).detach().cpu(),
-        num_blocks=int(mask.reshape(-1, gamma)[:, 0].sum()),
-        weight_mass=float((weights.to(torch.float32) * mask.to(torch.float32)).sum()),
+        position_counts=mask.reshape(-1, gamma).sum(0).detach(),
+        num_blocks=mask.reshape(-1, gamma)[:, 0].sum().detach(),
+        weight_mass=(weights.to(torch.float32) * mask.to(torch.float32)).sum().detach(),
     )

@@ -50,10 +50,15 @@ def test_a_retrained_drafter_under_the_same_name_is_evaluated_afresh(target, pro
     run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": old})
     assert rows == []  # same drafter: everything resumed
     report = run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": retrained})
-    assert rows == [3] and "changed since their records were written" in caplog.text
+    assert rows == [3] and "changed since 3 of its records were written" in caplog.text
+    assert "evaluating it afresh" in caplog.text
     records = [json.loads(line) for line in (tmp_path / "out" / "eval_tiny.work.jsonl").read_text().splitlines()]
     assert {r["drafter_id"] for r in records[-3:]} == {f"{drafter_identity(retrained)}-{target_identity(target)}"}
     assert report["table"]["dspark"]["sets"]["gsm8k"]["turns"] == 3
+    caplog.clear()
+    run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": retrained})
+    assert rows == [3]  # the retrained drafter's own records are reused; the old ones only earn a warning
+    assert "its records of these weights are reused" in caplog.text
 
 
 def test_two_sets_with_the_same_stem_are_both_evaluated(target, prompt_sets, chat_tokenizer, tmp_path):

@@ -71,7 +71,7 @@ class WorkFile:
         if data and not data.endswith(b"\n"):  # drop a line cut by an interruption before appending again
             with open(self.path, "r+b") as handle:
                 handle.truncate(data.rfind(b"\n") + 1)
-        ignored, changed, legacy = 0, set(), set()
+        ignored, changed, legacy, current = 0, {}, set(), set()
         with open(self.path, encoding="utf-8") as handle:
             for line in handle:
                 try:
@@ -86,14 +86,18 @@ class WorkFile:
                 if expected is not None and "drafter_id" not in record:
                     legacy.add(record["drafter"])  # written before identities were recorded: reused, with a warning
                 elif expected is not None and record["drafter_id"] != expected:
-                    changed.add(record["drafter"])
+                    changed[record["drafter"]] = changed.get(record["drafter"], 0) + 1
                     continue
+                elif expected is not None:
+                    current.add(record["drafter"])
                 self.records[self.key(record)] = record
         if ignored:
             logger.warning(f"{self.path}: ignored {ignored} record(s) of other settings than {self.fingerprint}")
-        if changed:
-            logger.warning(f"{self.path}: drafter(s) {sorted(changed)} changed since their records were written "
-                           "(other weights or config under the same name); evaluating them afresh")
+        for name, count in sorted(changed.items()):
+            reused = ("its records of these weights are reused" if name in current
+                      else "evaluating it afresh")
+            logger.warning(f"{self.path}: drafter {name!r} changed since {count} of its records were written (other "
+                           f"weights or config under the same name); those are ignored, {reused}")
         if legacy:
             logger.warning(f"{self.path}: the records of {sorted(legacy)} predate drafter identities and are reused "
                            "as if written by the drafters given now; pass --restart if any of them has changed since")
