@@ -83,7 +83,7 @@ def test_step_curve_path_uses_env_and_key(cache_dir):
 
 
 def test_load_or_profile_caches(llama_target, cache_dir, monkeypatch):
-    first = load_or_profile_step_curve(llama_target, threads=1, progress=False,
+    first = load_or_profile_step_curve(llama_target, packed_weights=False, threads=1, progress=False,
                                        **{k: v for k, v in FAST.items() if k != "progress"})
     path = step_curve_path(model_name(llama_target), "cpu", "float32", 1)
     assert path.is_file() and StepCurve.load(path) == first
@@ -92,9 +92,9 @@ def test_load_or_profile_caches(llama_target, cache_dir, monkeypatch):
         raise AssertionError("profiled again despite a cached curve")
 
     monkeypatch.setattr(profiling, "profile_step_curve", forbidden)
-    assert load_or_profile_step_curve(llama_target, threads=1) == first
+    assert load_or_profile_step_curve(llama_target, packed_weights=False, threads=1) == first
     with pytest.raises(AssertionError, match="profiled again"):  # other thread count: another key
-        load_or_profile_step_curve(llama_target, threads=3)
+        load_or_profile_step_curve(llama_target, packed_weights=False, threads=3)
 
 
 def test_load_or_profile_prefers_shipped_curve(llama_target, cache_dir, tmp_path, monkeypatch):
@@ -104,11 +104,11 @@ def test_load_or_profile_prefers_shipped_curve(llama_target, cache_dir, tmp_path
                         profiler=profiling.PROFILER_VERSION)
     shipped.save(shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1))
     monkeypatch.setattr(profiling, "profile_step_curve", lambda *a, **k: pytest.fail("should not profile"))
-    assert load_or_profile_step_curve(llama_target, threads=1) == shipped
+    assert load_or_profile_step_curve(llama_target, packed_weights=False, threads=1) == shipped
     # A curve the user profiled on this machine wins over the shipped one.
     user = StepCurve([1, 8], [20.0, 9.0], threads=1, profiler=profiling.PROFILER_VERSION)
     user.save(step_curve_path(model_name(llama_target), "cpu", "float32", 1))
-    assert load_or_profile_step_curve(llama_target, threads=1) == user
+    assert load_or_profile_step_curve(llama_target, packed_weights=False, threads=1) == user
 
 
 def test_curves_of_another_profiler_version_are_measured_again(llama_target, cache_dir, tmp_path, monkeypatch,
@@ -121,13 +121,13 @@ def test_curves_of_another_profiler_version_are_measured_again(llama_target, cac
     fresh = StepCurve([1, 8], [30.0, 20.0], threads=1, profiler=profiling.PROFILER_VERSION)
     monkeypatch.setattr(profiling, "profile_step_curve", lambda *a, **k: fresh)
     with caplog.at_level("WARNING"):
-        assert load_or_profile_step_curve(llama_target, threads=1) == fresh
+        assert load_or_profile_step_curve(llama_target, packed_weights=False, threads=1) == fresh
     assert "measured by profiler version None" in caplog.text and str(stale_path) in caplog.text
     assert StepCurve.load(stale_path) == fresh  # the re-measured curve replaced the stale one
     shipped = StepCurve([1, 8], [10.0, 5.0], threads=1, profiler=profiling.PROFILER_VERSION)
     shipped.save(shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1))
     StepCurve([1, 8], [1.0, 0.5], threads=1, profiler=profiling.PROFILER_VERSION - 1).save(stale_path)
-    assert load_or_profile_step_curve(llama_target, threads=1) == shipped
+    assert load_or_profile_step_curve(llama_target, packed_weights=False, threads=1) == shipped
 
 
 def test_curves_from_another_kind_of_processor_are_measured_again(llama_target, cache_dir, tmp_path, monkeypatch,
@@ -141,11 +141,24 @@ def test_curves_from_another_kind_of_processor_are_measured_again(llama_target, 
     shipped_path = shipped_step_curve_path(model_name(llama_target), "cpu", "float32", 1)
     elsewhere.save(shipped_path)
     with caplog.at_level("WARNING"):
-        measured = load_or_profile_step_curve(llama_target, threads=1, **FAST)
+        measured = load_or_profile_step_curve(llama_target, packed_weights=False, threads=1, **FAST)
     assert measured != elsewhere and measured.processor == here
     assert f"measured on a {here}-but-another-one processor" in caplog.text and str(shipped_path) in caplog.text
     StepCurve([1, 8], [10.0, 5.0], threads=1, profiler=profiling.PROFILER_VERSION, processor=here).save(shipped_path)
-    assert load_or_profile_step_curve(llama_target, threads=1) == measured  # the user cache comes first
+    # the user cache comes first
+    assert load_or_profile_step_curve(llama_target, packed_weights=False, threads=1) == measured
+
+
+def test_packed_verification_has_its_own_curve(llama_target, cache_dir, monkeypatch):
+    """generate's default packs a float32 CPU target (`generation.packed_linear`): its curve is timed on the packed
+    weights and kept apart from the unpacked one."""
+    monkeypatch.setattr(profiling, "profile_step_curve", lambda target, **kw: StepCurve(
+        [1, 2], [10.0, 9.0] if kw["packs"] is None else [10.0, 9.5], kernel="onednn" if kw["packs"] else None))
+    packed = load_or_profile_step_curve(llama_target, threads=1)
+    plain = load_or_profile_step_curve(llama_target, threads=1, packed_weights=False)
+    assert packed.kernel == "onednn" and plain.kernel is None
+    assert step_curve_path(model_name(llama_target), "cpu", "float32-onednn", 1).is_file()
+    assert StepCurve.load(step_curve_path(model_name(llama_target), "cpu", "float32", 1)) == plain
 
 
 def test_every_shipped_curve_has_the_current_profiler_version():

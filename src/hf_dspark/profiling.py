@@ -38,6 +38,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.utils import logging
 
 from .generation.attention import packed_gqa_attention
+from .generation.packed_linear import PackedLinears, linear_packs_for, packed_linears, verification_kernel
 from .hardware import processor_signature
 from .step_curve import StepCurve
 
@@ -175,12 +176,13 @@ def device_sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_forward(target, cache: DynamicCache, inputs: dict, taps: list[int]) -> float:
+def _time_forward(target, cache: DynamicCache, inputs: dict, taps: list[int], packs: PackedLinears | None = None
+                  ) -> float:
     """Seconds of one verification forward on `cache` (the appended slots are cropped off again)."""
     device = inputs["input_ids"].device
     device_sync(device)
     start = time.perf_counter()
-    with packed_gqa_attention(target):  # as the loop's verification forward (generation/target_cache.py)
+    with packed_gqa_attention(target), packed_linears(packs):  # as the loop's verification forward (target_cache)
         out = target(**inputs, cache=cache, use_cache=True, output_hidden_states=taps, logits_to_keep=0)
     out.logits.float()  # the loop converts verification logits to fp32
     device_sync(device)
@@ -201,6 +203,7 @@ def profile_step_curve(
     progress: bool = True,
     seed: int = 0,
     statistic: str = "median",
+    packs: PackedLinears | None = None,
 ) -> StepCurve:
     """Measure SPS(B) of `target`'s verification forward at each B in `batch_tokens` (positive ints).
 
@@ -209,7 +212,8 @@ def profile_step_curve(
     alike); warmup: untimed sweeps first; threads: torch threads pinned while profiling (None: keep the current
     count, which is recorded); taps: hidden-state indices requested (default 3 evenly spaced layers); statistic:
     "median" (default) or "min" of the timed forwards per B ("min" estimates the uncontended cost on a machine
-    shared with other jobs). Returns a `StepCurve` with model/device/dtype/threads set.
+    shared with other jobs); packs: the target's packed linear weights, as verification uses them
+    (`generation.packed_linear`; None: unpacked). Returns a `StepCurve` with model/device/dtype/threads/kernel set.
     """
     points = sorted({int(b) for b in batch_tokens})
     if not points or points[0] < 1:
@@ -230,7 +234,7 @@ def profile_step_curve(
         for sweep in range(warmup + repeats):
             for b in points:
                 row_cache = _select_rows(target, cache, inputs[b]["input_ids"].shape[0])
-                elapsed = _time_forward(target, row_cache, inputs[b], taps)
+                elapsed = _time_forward(target, row_cache, inputs[b], taps, packs)
                 if sweep >= warmup:
                     samples[b].append(elapsed)
                 bar.update(1)
@@ -245,6 +249,7 @@ def profile_step_curve(
         threads=used_threads,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         profiler=PROFILER_VERSION, processor=processor_signature(next(target.parameters()).device),
+        kernel=verification_kernel(packs) or None,
     )
 
 
@@ -274,17 +279,30 @@ def _current_curve(paths: Sequence[Path], what: str, device: str = "cpu") -> Ste
     return None
 
 
+def step_curve_key(target, threads: int | None = None, packs: PackedLinears | None = None
+                   ) -> tuple[str, str, str, int]:
+    """(model, device, dtype, threads) the step curve of `target` is kept under (`step_curve_path`); the dtype reads
+    "<dtype>-onednn" when verification runs on the packed linear weights `packs`. threads default: torch's now."""
+    threads = torch.get_num_threads() if threads is None else int(threads)
+    kernel = verification_kernel(packs)
+    dtype = target_dtype(target) + (f"-{kernel}" if kernel else "")
+    return model_name(target), target_device(target), dtype, threads
+
+
 def load_or_profile_step_curve(target, threads: int | None = None, progress: bool = True,
-                               **profile_kwargs) -> StepCurve:
+                               packed_weights: bool | None = None, **profile_kwargs) -> StepCurve:
     """The step curve for (model, device, dtype, threads) of `target`, profiling it once if none exists.
 
     Looks in the user cache (`step_curve_path`), then in the package's curves for this kind of processor
     (`shipped_step_curve_path`), else runs `profile_step_curve(target, threads=threads, **profile_kwargs)` with a
     progress bar and saves the result atomically to the user cache.
-    threads: the thread count the curve must match (default: torch's current count).
+    threads: the thread count the curve must match (default: torch's current count); packed_weights: whether
+    verification packs the target's linear weights (`generation.packed_linear.linear_packs_for`: None decides as
+    `generate` does); a packed curve is kept under the dtype "<dtype>-onednn".
     """
     threads = torch.get_num_threads() if threads is None else int(threads)
-    key = (model_name(target), target_device(target), target_dtype(target), threads)
+    packs = linear_packs_for(target, packed_weights)
+    key = step_curve_key(target, threads, packs)
     curve = _current_curve((step_curve_path(*key), shipped_step_curve_path(*key)), "step curve", key[1])
     if curve is not None:
         return curve
@@ -293,7 +311,7 @@ def load_or_profile_step_curve(target, threads: int | None = None, progress: boo
         f"No step curve for {key[0]} ({key[1]}, {key[2]}, {threads} threads): profiling the target's verification "
         f"forward once (saved to {path}; run `hf-dspark profile` to redo it)."
     )
-    curve = profile_step_curve(target, threads=threads, progress=progress, **profile_kwargs)
+    curve = profile_step_curve(target, threads=threads, progress=progress, packs=packs, **profile_kwargs)
     curve.save(path)
     return curve
 

@@ -32,11 +32,12 @@ class StepCurve:
     batch_tokens: strictly ascending positive ints; steps_per_second: positive floats, one per point. Between points
     SPS is interpolated linearly; below the first point it is clamped to the first value; beyond the last point it is
     extrapolated conservatively as SPS(B) = SPS(B_max)·B_max / B (constant token throughput, never better).
-    The metadata fields (model, device, dtype, threads, created, profiler, processor) are optional and only describe
-    the measurement; `profiler` is the version of the profiled code path (`profiling.PROFILER_VERSION`), so that a
-    cached curve measured by an older release can be told apart and measured again; `processor` is the kind of
-    processor it was measured on (`hardware.processor_signature`), so that a curve from another kind of machine is
-    measured again rather than trusted.
+    The metadata fields (model, device, dtype, threads, created, profiler, processor, kernel) are optional and only
+    describe the measurement; `profiler` is the version of the profiled code path (`profiling.PROFILER_VERSION`), so
+    that a cached curve measured by an older release can be told apart and measured again; `processor` is the kind
+    of processor it was measured on (`hardware.processor_signature`), so that a curve from another kind of machine is
+    measured again rather than trusted; `kernel` names the forwards' linear kernel when it is not PyTorch's own
+    ("onednn": packed weights, `generation.packed_linear`).
     """
 
     batch_tokens: list[int]
@@ -48,6 +49,7 @@ class StepCurve:
     created: str | None = None
     profiler: int | None = None
     processor: str | None = None
+    kernel: str | None = None
     _tables: dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -128,8 +130,7 @@ class StepCurve:
         if version != _STEP_CURVE_FORMAT:
             raise ValueError(f"Step-curve format_version {version!r} is not {_STEP_CURVE_FORMAT}, the one this "
                              "release reads; profile the curve again with `hf-dspark profile`.")
-        known = {"batch_tokens", "steps_per_second", "model", "device", "dtype", "threads", "created", "profiler",
-                 "processor"}
+        known = {f.name for f in fields(cls) if f.init}
         unknown = set(payload) - known - {"format_version"}
         if unknown:
             logger.warning(f"Ignoring unknown step-curve fields: {sorted(unknown)}")

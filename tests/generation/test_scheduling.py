@@ -8,6 +8,7 @@ from transformers import GenerationConfig
 
 from hf_dspark import profiling
 from hf_dspark.eval.oracle import oracle_for
+from hf_dspark.generation.packed_linear import linear_packs_for
 from hf_dspark.generation.policy import policy_from_config
 from hf_dspark.scheduler import StepCurve
 from tests.helpers import make_drafter, make_target, ragged_prompts
@@ -103,8 +104,8 @@ def test_missing_step_curve_is_looked_up_and_cached(target, tmp_path, monkeypatc
     drafter = make_drafter(target, block_size=GAMMA)
     output = _generate(target, drafter, ids, mask, dspark_policy="lagged")
     assert torch.equal(output, _plain(target, ids, mask))
-    key = (profiling.model_name(target), "cpu", "float32", torch.get_num_threads())
-    assert profiling.step_curve_path(*key).is_file()
+    key = profiling.step_curve_key(target, packs=linear_packs_for(target))  # packed by default on a float32 CPU
+    assert key[2] == "float32-onednn" and profiling.step_curve_path(*key).is_file()
     monkeypatch.setattr(profiling, "profile_step_curve", lambda *a, **k: pytest.fail("profiled twice"))
     policy = policy_from_config(GenerationConfig(dspark_policy="greedy"), GAMMA, target=target)
     assert policy.step_curve == StepCurve.load(profiling.step_curve_path(*key))

@@ -78,6 +78,7 @@ def _auto_explained(target, drafter, stats, greedy: bool) -> str:
     draft = 1.0 / float(draft_curve.steps_per_second_at(1)) if draft_curve is not None else 0.0
     length, ratio = batch1_outlook(acceptance, verify, draft)
     where = f"{processor_signature(target.device)}, {str(target.dtype).removeprefix('torch.')}"
+    where += ", oneDNN-packed weights" if stats.packed_weights else ""
     verdict = "drafting pays here" if ratio > 1.0 else "drafting cannot pay here, so 'auto' decodes plainly and probes"
     return (f"{drafted}. On this machine ({where}) a round verifying {length} draft(s) costs "
             f"{(verify[length] + draft) / verify[0]:.2f} plain steps with the drafter, and this drafter's held-out "

@@ -10,12 +10,14 @@ from .validation import check_drafter_path, check_drafter_spec, check_files, che
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from ..generation.packed_linear import linear_packs_for
     from ..profiling import (
         DEFAULT_BATCH_TOKENS,
         DEFAULT_DRAFT_ROWS,
         draft_curve_path,
         profile_draft_curve,
         profile_step_curve,
+        step_curve_key,
         step_curve_path,
     )
 
@@ -24,9 +26,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     target, _ = load_target(args.target, args.dtype, tokenizer=False, device=args.device)
     timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, statistic=args.statistic)
     if args.drafter is None:
+        try:
+            packs = linear_packs_for(target, {"auto": None, "on": True, "off": False}[args.packed_weights])
+        except ValueError as error:
+            args.parser.error(f"--packed-weights on: {error}")
         curve = profile_step_curve(target, batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS, rows=args.rows,
-                                   cache_length=args.cache_length, **timing)
-        out = args.out or str(step_curve_path(curve.model, curve.device, curve.dtype, curve.threads))
+                                   cache_length=args.cache_length, packs=packs, **timing)
+        out = args.out or str(step_curve_path(*step_curve_key(target, curve.threads, packs)))
         unit = "B", "steps/s"
     else:
         drafter = load_drafter_spec(target, args.drafter)
@@ -111,6 +117,10 @@ def add_profile_command(sub) -> None:
     profile.add_argument("--warmup", type=int, default=1, help="untimed sweeps before the timed ones")
     profile.add_argument("--statistic", choices=["median", "min"], default="median",
                          help="per-B summary of the timed forwards (min: uncontended cost on a shared machine)")
+    profile.add_argument("--packed-weights", choices=["auto", "on", "off"], default="auto",
+                         help="time verification on oneDNN-packed linear weights, as generate's "
+                         "dspark_packed_weights does (auto: packed for float32 CPU targets when the copies fit in "
+                         "memory; the curve is saved under the dtype '<dtype>-onednn')")
     profile.set_defaults(func=cmd_profile, parser=profile)
 
 

@@ -33,6 +33,7 @@ from transformers.generation.logits_process import (
 
 from .drafting import feature_layers
 from .options import check_sampling_settings, eos_token_ids
+from .packed_linear import linear_packs_for
 from .policy import POLICIES, VerificationPolicy, policy_from_config
 from .prefill import prefill_target
 from .processors import RowProcessors
@@ -122,12 +123,13 @@ def _prompt_tensor(prompt_ids, vocab_size: int) -> torch.Tensor:
     return prompt.long().cpu()
 
 
-def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool) -> VerificationPolicy:
+def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool,
+                  packed_weights: bool | None = None) -> VerificationPolicy:
     """The policy `generate` builds for `dspark_policy=name`: the curves of this target and drafter (cache, shipped,
     else profiled once) and, for "auto", the drafter's pooled acceptance for the decoding mode."""
     if name not in POLICIES:
         raise ValueError(f"policy must be 'none', one of {list(POLICIES)} or a VerificationPolicy; got {name!r}.")
-    settings = SimpleNamespace(dspark_policy=name, do_sample=do_sample)
+    settings = SimpleNamespace(dspark_policy=name, do_sample=do_sample, dspark_packed_weights=packed_weights)
     return policy_from_config(settings, drafter.config.block_size, target=target, drafter=drafter)
 
 
@@ -146,19 +148,22 @@ class DSparkEngine:
         do_sample, temperature, top_k, top_p: decoding settings shared by all requests.
         eos_token_id: token id(s) that end a request (default: the target's generation config).
         max_running: at most this many requests in the running batch; the rest wait.
+        packed_weights: as `generate`'s `dspark_packed_weights`, for every policy (plain decoding included, so
+            policies compare on the same kernels): True / False, or None to pack float32 CPU targets when the
+            copies fit in memory (`packed_linear.linear_packs_for`).
     """
 
     def __init__(self, target, drafter: DraftModel | None = None, policy: VerificationPolicy | str = "none",
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-                 max_running: int = 64) -> None:
+                 max_running: int = 64, packed_weights: bool | None = None) -> None:
         _check_engine_arguments(policy, drafter, max_running)
         check_sampling_settings(do_sample, temperature, top_k, top_p)  # as generate checks them
         eos = eos_token_ids(eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id)
         if policy != "none":
             bind_drafter(target, drafter)  # binds an unbound drafter; refuses one bound to another target
         if isinstance(policy, str) and policy != "none":
-            policy = _named_policy(policy, target, drafter, do_sample)
+            policy = _named_policy(policy, target, drafter, do_sample, packed_weights)
         if isinstance(policy, VerificationPolicy) and policy.name == "auto" and policy.greedy == do_sample:
             mode = "greedy" if policy.greedy else "sampling"
             raise ValueError(f"the 'auto' policy was built for {mode} (greedy={policy.greedy}) but the engine has "
@@ -170,7 +175,7 @@ class DSparkEngine:
         self.eos = set(eos)
         self.max_running = max_running
         self.kernel = RoundKernel(target, self.drafter, policy if self.drafter is not None else None,
-                                  self.processors, do_sample)
+                                  self.processors, do_sample, packs=linear_packs_for(target, packed_weights))
         self.taps = feature_layers(self.drafter) if self.drafter is not None else []
         self.requests: dict[int, EngineRequest] = {}
         self.waiting: list[int] = []

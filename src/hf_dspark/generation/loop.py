@@ -19,6 +19,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .packed_linear import linear_packs_for
 from .policy import policy_from_config
 from .prefill import prefill_target
 from .processors import RowProcessors
@@ -63,7 +64,10 @@ class DSparkLoop:
             record_confidence=bool(getattr(generation_config, "dspark_record_confidence", False)),
         )
         observers = [self.stats, *(getattr(generation_config, "dspark_observers", None) or [])]
-        self.kernel = RoundKernel(model, drafter, self.policy, self.processors, self.do_sample, observers)
+        packs = linear_packs_for(model, getattr(generation_config, "dspark_packed_weights", None))
+        self.stats.packed_weights = packs is not None
+        self.kernel = RoundKernel(model, drafter, self.policy, self.processors, self.do_sample, observers,
+                                  packs=packs)
         self.batch = None
 
     # ------------------------------------------------------------------ prefill

@@ -26,6 +26,8 @@ DSPARK_OPTIONS: dict[str, str] = {
     "dspark_observers": "a list of round observers (objects with on_round(record)), called every round",
     "dspark_record_confidence": "True/False, keep every round's confidence logits in the statistics",
     "dspark_stock_loop": "True/False, run transformers' own batch-1 assisted loop with the DSpark drafter",
+    "dspark_packed_weights": "True/False, verify with oneDNN-packed copies of the target's linear weights (unset: "
+                             "on for float32 CPU targets when the copies fit in memory)",
 }
 
 
@@ -56,7 +58,8 @@ def _check_value(name: str, value: Any) -> None:
                 raise ValueError(f"{name}: no such file {os.fspath(value)!r} (save one with `hf-dspark profile`).")
         elif not hasattr(value, "steps_per_second_at"):
             raise ValueError(f"{name} must be a StepCurve or the path of its JSON file, got {value!r}.")
-    elif name in ("dspark_record_confidence", "dspark_stock_loop", "dspark_measured_costs") and not isinstance(
+    elif name in ("dspark_record_confidence", "dspark_stock_loop", "dspark_measured_costs",
+                  "dspark_packed_weights") and not isinstance(
         value, bool
     ):
         raise ValueError(f"{name} must be True or False, got {value!r}.")

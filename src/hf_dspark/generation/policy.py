@@ -230,7 +230,8 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
     if name in LOAD_AWARE and step_curve is None and target is not None:
         from ..profiling import load_or_profile_step_curve
 
-        step_curve = load_or_profile_step_curve(target)
+        step_curve = load_or_profile_step_curve(
+            target, packed_weights=getattr(generation_config, "dspark_packed_weights", None))
     if name == "auto" and draft_curve is None and drafter is not None:
         from ..profiling import load_or_profile_draft_curve
 

@@ -22,6 +22,7 @@ import torch
 from ..verification import VerificationResult, verify_greedy, verify_sampling
 from .cost_policy import DraftPlan
 from .drafting import draft_logits_processor, feature_layers
+from .packed_linear import PackedLinears
 from .policy import ScheduleRecord, VerificationPolicy
 from .processors import RowProcessors
 from .target_cache import RaggedTargetCache
@@ -129,11 +130,14 @@ class RoundKernel:
         do_sample: speculative sampling instead of greedy verification.
         observers: called with every round's `RoundRecord`.
         max_pending: slots of queued context updates (plain rounds) after which they reach the drafter anyway.
+        packs: the target's packed linear weights for the verification forwards (`packed_linear`), or None.
     """
 
     def __init__(self, target, drafter, policy: VerificationPolicy | None, processors: RowProcessors,
-                 do_sample: bool, observers: Sequence[RoundObserver] = (), max_pending: int = 64) -> None:
+                 do_sample: bool, observers: Sequence[RoundObserver] = (), max_pending: int = 64,
+                 packs: PackedLinears | None = None) -> None:
         self.target, self.drafter, self.policy = target, drafter, policy
+        self.packs = packs
         self.processors, self.do_sample = processors, do_sample
         self.observers = list(observers)
         self.max_pending = max_pending
@@ -162,7 +166,7 @@ class RoundKernel:
         drafts = drafts[:, : steps - 1]
         inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
         input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
-        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps)
+        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs)
         scores = self.processors.apply_positions(batch.rows, histories, drafts, out.logits, verify_len + 1)
         result = self._verify(drafts, draft_probs, scores, verify_len, steps)
         accepted = result.num_accepted

@@ -55,6 +55,7 @@ class DSparkGenerationStats:
         prefill_tokens: tokens processed by the prefill forward.
         compactions: how often the target cache was compacted.
         max_cache_width: the widest the target KV cache got (slots, holes included).
+        packed_weights: verification ran on oneDNN-packed linear weights (`packed_linear`).
         draft_seconds / verify_seconds: wall time spent drafting (incl. scheduling) and verifying.
         policy_seconds: wall time of the policy's decisions alone (included in draft_seconds).
         drafted_rows: per round, how many rows ran the drafter (0: the round decoded plainly).
@@ -73,6 +74,7 @@ class DSparkGenerationStats:
     prefill_tokens: int = 0
     compactions: int = 0
     max_cache_width: int = 0
+    packed_weights: bool = False
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     accepted_drafts: list[dict[int, int]] = field(default_factory=list)

@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer, get_layer_types_and_kwargs
 
 from .attention import packed_gqa_attention
+from .packed_linear import PackedLinears, packed_linears
 
 MASKABLE_LAYERS = ("full_attention", "sliding_attention")
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -158,8 +159,9 @@ class RaggedTargetCache:
         return int(self.valid.shape[1])
 
     def forward(self, model, input_ids: torch.Tensor, input_valid: torch.Tensor, tap_indices: list[int],
-                extra_kwargs: dict | None = None) -> VerifyOutput:
-        """One target forward over `[A, T]` new tokens; returns fp32 logits and tapped features for all T."""
+                extra_kwargs: dict | None = None, packs: PackedLinears | None = None) -> VerifyOutput:
+        """One target forward over `[A, T]` new tokens; returns fp32 logits and tapped features for all T.
+        packs: the target's packed linear weights (`packed_linear`), or None."""
         steps = input_ids.shape[1]
         positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
         mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()
@@ -167,7 +169,8 @@ class RaggedTargetCache:
         if self.layout is not None and self.layout.needs_masks:
             dtype = model.get_input_embeddings().weight.dtype
             mask = verification_masks(self.layout, mask.bool(), self.positions, positions, dtype)
-        with packed_gqa_attention(model):  # no KV copy per layer for grouped-query attention (attention.py)
+        # no KV copy per layer for grouped-query attention (attention.py); few-row products on packed weights
+        with packed_gqa_attention(model), packed_linears(packs):
             out = model(
                 input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
                 output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),

@@ -1,0 +1,217 @@
+"""The target's verification forwards with oneDNN-packed linear weights (CPU, float32).
+
+A verification forward multiplies every weight by a few rows (ℓ_r + 1 tokens per request). On x86 CPUs without
+AVX-512, MKL's float32 GEMM streams a weight far less efficiently for 2-64 rows than its matrix-vector kernel does
+for one row, so verifying 8 tokens costs about twice a decode step and speculation rarely pays (README, "Packed
+weights"). oneDNN, given each weight once in its own blocked layout, keeps those few-row products close to the
+one-row cost. `PackedLinears` holds the packed copies (one more copy of each packed weight in memory);
+`packed_linears` routes the packed layers' calls with `min_rows..max_rows` rows of input to oneDNN inside it.
+Single rows (plain decoding) and long inputs keep PyTorch's kernel.
+
+The products are the same sums in another order: logits differ from MKL's in the last bits, as MKL's GEMM already
+differs from its matrix-vector kernel, so greedy verification still accepts exactly the target's argmax of the
+logits it computes (an argmax can only move at a near-exact tie, as with any change of batch shape).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+# The most memory packing may take, as a share of what is available, when the caller leaves the choice to us.
+AUTO_MEMORY_SHARE = 0.5
+_PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def onednn_linear_available() -> bool:
+    """Whether this PyTorch build has oneDNN's packed linear ops (`torch.ops.mkldnn`)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return callable(torch.ops.mkldnn._reorder_linear_weight) and callable(torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def _linear_modules(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """`model`'s plain `nn.Linear` layers: not subclasses (quantized or adapter layers compute otherwise), nor
+    layers whose `forward` was already replaced on the instance (e.g. by accelerate's offloading hooks)."""
+    return [module for module in model.modules() if type(module) is torch.nn.Linear and "forward" not in vars(module)]
+
+
+def _linear_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The distinct weights of `model`'s plain `nn.Linear` layers (a tied LM head counts once)."""
+    seen, weights = set(), []
+    for module in _linear_modules(model):
+        if id(module.weight) not in seen:
+            seen.add(id(module.weight))
+            weights.append(module.weight)
+    return weights
+
+
+def unpackable_reason(model: torch.nn.Module) -> str | None:
+    """Why `model`'s linear weights cannot be packed (None: they can)."""
+    if not onednn_linear_available():
+        return "this PyTorch build has no oneDNN (torch.backends.mkldnn)"
+    weights = _linear_weights(model)
+    if not weights:
+        return "the model has no nn.Linear layers"
+    if any(w.device.type != "cpu" for w in weights):
+        return "packing is for models on the CPU"
+    if any(w.dtype != torch.float32 for w in weights):
+        return "packing is for float32 weights"
+    return None
+
+
+def available_memory_bytes() -> int | None:
+    """Memory the OS reports as available now (Linux `SC_AVPHYS_PAGES`), or None where it does not say."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's x `[rows, in]` times a packed weight (`[out, in]` before packing) plus bias: `[rows, out]`."""
+    return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
+
+
+def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, version: int,
+                   packed: torch.Tensor, min_rows: int, max_rows: int) -> torch.Tensor:
+    """`F.linear(x, weight, bias)`, through oneDNN's packed copy `packed` when x has `min_rows..max_rows` rows,
+    is float32 and needs no gradient, and the weight is unchanged since packing (its `_version` is `version`).
+    x: `[..., in]`; weight: `[out, in]`; returns `[..., out]`."""
+    features = x.shape[-1]
+    rows = x.numel() // features if features else 0
+    if (min_rows <= rows <= max_rows and x.dtype is torch.float32 and weight._version == version
+            and not (x.requires_grad and torch.is_grad_enabled())):
+        out = onednn_linear(x.reshape(rows, features), packed, bias)
+        return out.view(*x.shape[:-1], out.shape[-1])
+    return F.linear(x, weight, bias)
+
+
+@dataclass
+class PackedLinears:
+    """oneDNN-packed copies of a model's linear weights.
+
+    Args:
+        modules: the plain `nn.Linear` layers whose forwards `packed_linears` routes.
+        packed: `id(weight)` → (the weight, its version when packed, the packed copy); a tied weight is packed once.
+        min_rows: the fewest input rows routed to oneDNN (one row: PyTorch's matrix-vector kernel is as fast).
+        max_rows: the most input rows routed to oneDNN (prefill-sized inputs keep PyTorch's kernel).
+    """
+
+    modules: list[torch.nn.Linear] = field(default_factory=list)
+    packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = field(default_factory=dict)
+    min_rows: int = 2
+    max_rows: int = 64
+    lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
+    active: int = field(default=0, init=False, repr=False, compare=False)
+    forwards: list = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_rows <= self.max_rows:
+            raise ValueError(f"need 1 <= min_rows <= max_rows, got {self.min_rows} and {self.max_rows}.")
+        self.forwards = [self.forward_for(module) for module in self.modules]  # built once: swapping is cheap
+
+    @classmethod
+    def build(cls, model: torch.nn.Module, min_rows: int = 2, max_rows: int = 64) -> PackedLinears:
+        """Pack every plain `nn.Linear` weight of `model` (raises `ValueError` naming why it cannot)."""
+        reason = unpackable_reason(model)
+        if reason is not None:
+            raise ValueError(f"cannot pack the linear weights of {type(model).__name__}: {reason}.")
+        with torch.no_grad():
+            packed = {id(w): (w, w._version, torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+                      for w in _linear_weights(model)}
+        return cls(_linear_modules(model), packed, min_rows=min_rows, max_rows=max_rows)
+
+    @staticmethod
+    def nbytes_for(model: torch.nn.Module) -> int:
+        """Bytes the packed copies of `model`'s linear weights take (the weights' own size)."""
+        return sum(w.numel() * w.element_size() for w in _linear_weights(model))
+
+    def stale(self) -> bool:
+        """Whether a packed weight was changed in place since (its version moved): the copies are outdated."""
+        return any(w._version != version for w, version, _ in self.packed.values())
+
+    def forward_for(self, module: torch.nn.Linear):
+        """`module`'s forward on the packed copy of its weight (PyTorch's kernel when the call is not routed)."""
+        weight, version, packed = self.packed[id(module.weight)]
+        bias, low, high = module.bias, self.min_rows, self.max_rows
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            return _packed_linear(x, weight, bias, version, packed, low, high)
+
+        return forward
+
+
+@contextmanager
+def packed_linears(packs: PackedLinears | None) -> Iterator[None]:
+    """Run the forwards inside with `packs` (None: nothing changes).
+
+    Each packed `nn.Linear` gets, while at least one such block runs (threads share it), the instance `forward`
+    `packs.forward_for(module)` (built once; swapping all of SmolLM2-135M's 211 costs ≈ 0.1 ms); the modules are
+    restored when the last block exits. (A `TorchFunctionMode` would
+    route the same calls without touching the modules, but costs a Python dispatch on every op of the forward:
+    ≈ 9% of a SmolLM2-135M decode step here.)
+    """
+    if packs is None:
+        yield
+        return
+    with packs.lock:
+        packs.active += 1
+        if packs.active == 1:
+            for module, forward in zip(packs.modules, packs.forwards):
+                object.__setattr__(module, "forward", forward)  # plain attribute: nn.Module's own setter is slow
+    try:
+        yield
+    finally:
+        with packs.lock:
+            packs.active -= 1
+            if packs.active == 0:
+                for module in packs.modules:
+                    vars(module).pop("forward", None)
+
+
+def linear_packs_for(model: torch.nn.Module, setting: bool | None = None) -> PackedLinears | None:
+    """The packed weights for `model`'s verification forwards, built once per model and reused (rebuilt if a
+    weight changed in place), or None to run unpacked.
+
+    setting: True packs (a `ValueError` names why it cannot); False never does; None (default) packs when it can
+    and the copies fit in `AUTO_MEMORY_SHARE` of the memory available now (a model already packed stays packed).
+    """
+    if setting is False:
+        return None
+    packs = _PACKS.get(model)
+    if packs is not None and not packs.stale():
+        return packs
+    reason = unpackable_reason(model)
+    if reason is not None:
+        if setting:
+            raise ValueError(f"dspark_packed_weights=True, but {reason}; pass dspark_packed_weights=False.")
+        return None
+    if setting is None and packs is None:
+        available, needed = available_memory_bytes(), PackedLinears.nbytes_for(model)
+        if available is None or needed > AUTO_MEMORY_SHARE * available:
+            logger.info(f"Not packing the target's linear weights: {needed / 2**20:.0f} MiB would take more than "
+                        f"{AUTO_MEMORY_SHARE:.0%} of the available memory (pass dspark_packed_weights=True to "
+                        "pack anyway).")
+            return None
+    packs = PackedLinears.build(model)
+    _PACKS[model] = packs
+    return packs
+
+
+def verification_kernel(packs: PackedLinears | None) -> str:
+    """The name step curves record for the verification forward's linear kernel: "" (PyTorch's) or "onednn"."""
+    return "" if packs is None else "onednn"

@@ -1,0 +1,160 @@
+"""oneDNN-packed linear weights for verification: same values, scoped routing, lossless generate, clear refusals."""
+
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hf_dspark.eval.oracle import oracle_for
+from hf_dspark.generation import packed_linear
+from hf_dspark.generation.packed_linear import PackedLinears, linear_packs_for, packed_linears, unpackable_reason
+from tests.helpers import make_drafter, make_target, ragged_prompts
+
+pytestmark = pytest.mark.skipif(not packed_linear.onednn_linear_available(), reason="no oneDNN in this PyTorch")
+
+
+def _mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 48), torch.nn.GELU(), torch.nn.Linear(48, 8, bias=False))
+
+
+@pytest.mark.parametrize("shape", [(2, 16), (3, 5, 16), (1, 7, 16), (256, 16)])
+def test_packed_products_match_pytorch_to_rounding(shape):
+    model = _mlp()
+    packs = PackedLinears.build(model)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        reference = model(x)
+        with packed_linears(packs):
+            packed = model(x)
+    assert packed.shape == reference.shape
+    torch.testing.assert_close(packed, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_only_routed_calls_leave_pytorch_and_the_modules_are_restored(monkeypatch):
+    model = _mlp()
+    packs = PackedLinears.build(model, min_rows=2, max_rows=8)
+    calls = []
+    original = packed_linear.onednn_linear
+
+    def spy(x, packed, bias):
+        calls.append(tuple(x.shape))
+        return original(x, packed, bias)
+
+    monkeypatch.setattr(packed_linear, "onednn_linear", spy)
+    with torch.no_grad():
+        for rows, routed in ((1, False), (2, True), (8, True), (9, False)):
+            calls.clear()
+            x = torch.randn(rows, 16)
+            with packed_linears(packs):
+                assert "forward" in vars(model[0])
+                out = model(x)
+            assert "forward" not in vars(model[0])
+            assert calls == ([(rows, 16), (rows, 48)] if routed else []), rows
+            if not routed:  # unrouted calls run PyTorch's own kernel: bit-identical
+                assert torch.equal(out, model(x))
+
+
+def test_gradients_and_changed_weights_fall_back_to_pytorch():
+    model = _mlp()
+    packs = PackedLinears.build(model)
+    x = torch.randn(4, 16, requires_grad=True)
+    with packed_linears(packs):
+        out = model(x)
+    out.sum().backward()  # the packed op has no backward: a gradient-needing call keeps PyTorch's
+    assert x.grad is not None
+    with torch.no_grad():
+        model[0].weight.mul_(2.0)  # in place: the packed copy is outdated
+        assert packs.stale()
+        with packed_linears(packs):
+            changed = model[0](x)
+        assert torch.equal(changed, model[0](x))  # the outdated copy is not used: PyTorch's kernel runs
+
+
+def test_nested_and_concurrent_blocks_share_one_swap():
+    model = _mlp()
+    packs = PackedLinears.build(model)
+    entered, release = threading.Event(), threading.Event()
+
+    def worker():
+        with packed_linears(packs):
+            entered.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    entered.wait(5)
+    with packed_linears(packs), packed_linears(packs):
+        assert packs.active == 3
+    assert "forward" in vars(model[0])  # the worker's block still runs
+    release.set()
+    thread.join()
+    assert packs.active == 0 and "forward" not in vars(model[0])
+
+
+def test_linear_packs_for_caches_rebuilds_and_respects_the_setting(monkeypatch):
+    model = _mlp()
+    assert linear_packs_for(model, False) is None
+    packs = linear_packs_for(model)
+    assert packs is not None and linear_packs_for(model) is packs and linear_packs_for(model, True) is packs
+    with torch.no_grad():
+        model[2].weight.add_(1.0)
+    rebuilt = linear_packs_for(model)
+    assert rebuilt is not packs and not rebuilt.stale()
+
+
+def test_auto_packs_only_what_fits_in_memory(monkeypatch):
+    monkeypatch.setattr(packed_linear, "available_memory_bytes", lambda: PackedLinears.nbytes_for(_mlp()))
+    assert linear_packs_for(_mlp()) is None  # the copies would take all of it
+    monkeypatch.setattr(packed_linear, "available_memory_bytes", lambda: None)
+    assert linear_packs_for(_mlp()) is None  # unknown: not packed unless asked
+    assert linear_packs_for(_mlp(), True) is not None
+
+
+def test_unpackable_models_are_refused_with_the_reason():
+    half = _mlp().to(torch.bfloat16)
+    assert "float32" in unpackable_reason(half)
+    assert linear_packs_for(half) is None
+    with pytest.raises(ValueError, match=r"float32 weights.*dspark_packed_weights=False"):
+        linear_packs_for(half, True)
+    with pytest.raises(ValueError, match=r"no nn\.Linear"):
+        PackedLinears.build(torch.nn.Sequential(torch.nn.GELU()))
+    with pytest.raises(ValueError, match="min_rows"):
+        PackedLinears(min_rows=3, max_rows=2)
+
+
+def test_quantized_or_patched_layers_are_left_alone():
+    class Adapter(torch.nn.Linear):
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), Adapter(16, 16), torch.nn.Linear(16, 16))
+    model[2].forward = lambda x: F.linear(x, model[2].weight, model[2].bias)  # e.g. an offloading hook
+    packs = PackedLinears.build(model)
+    assert packs.modules == [model[0]] and len(packs.packed) == 1
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("drafter_kind", ["learned", "oracle"])
+def test_greedy_generate_with_packed_weights_matches_plain_generate(batch, drafter_kind):
+    target = make_target("llama", seed=11)
+    ids, mask = ragged_prompts(batch, seed=batch + 20)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    drafter = make_drafter(target) if drafter_kind == "learned" else oracle_for(target, 4, reference, mask)
+    for setting in (True, False):
+        output = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30,
+                                 assistant_model=drafter, dspark_packed_weights=setting)
+        assert torch.equal(output, reference)
+        assert drafter.last_generation_stats.packed_weights is setting
+
+
+def test_generate_refuses_a_bad_setting_before_any_work():
+    target = make_target("llama", seed=11)
+    ids, mask = ragged_prompts(1, seed=2)
+    with pytest.raises(ValueError, match="dspark_packed_weights must be True or False"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=make_drafter(target),
+                        dspark_packed_weights="yes")
+    half = make_target("llama", seed=11).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="float32 weights"):
+        half.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=make_drafter(half),
+                      dspark_packed_weights=True)
