@@ -1,5 +1,6 @@
-"""fp32 vs bf16 side by side: the target's verification forward at B tokens and the shipped drafter's `propose` at
-R rows, interleaved in every sweep (so load on a shared machine hits both dtypes alike), median ms per point, and
+"""fp32 vs bf16 side by side: the target's verification forward at B tokens and the shipped drafter's round (context
+update with the last round's committed tokens, then `propose`; `profiling.time_draft_round`) at R rows,
+interleaved in every sweep (so load on a shared machine hits both dtypes alike), median ms per point, and
 the batch-1 ratios that decide whether speculation pays (8-token verification / 1-token step, break-even τ).
 
     python scripts/compare_dtype_costs.py --threads 1 --sweeps 4 --out benchmarks/results/dtype_costs.json
@@ -19,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from datetime import datetime, timezone
 
 import torch
@@ -27,19 +27,22 @@ import torch
 from hf_dspark import load_default_drafter, load_default_target
 from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.profiling import _prefill, _select_rows, _time_forward, _verification_inputs, default_taps
+from hf_dspark.profiling import (
+    DRAFT_COMMITTED,
+    DRAFT_PROFILER_VERSION,
+    _context_cache,
+    _context_features,
+    _prefill,
+    _select_rows,
+    _time_forward,
+    _verification_inputs,
+    default_taps,
+    time_draft_round,
+)
 
 BATCH_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64)
 DEFAULT_TARGET = "SmolLM2-135M-Instruct"
 ROWS = (1, 2, 4, 8, 16, 32)
-
-
-def _context(drafter, rows: int, context: int = 200):
-    cache = drafter.init_cache(rows, capacity=context + 16)
-    width = drafter.config.num_taps * drafter.config.hidden_size
-    features = torch.randn(rows, context, width, generator=torch.Generator().manual_seed(rows))
-    drafter.extend_context(cache, features.to(drafter.fc.weight.dtype), torch.ones(rows, context, dtype=torch.bool))
-    return cache
 
 
 def _monotone(steps_per_second: list[float]) -> list[float]:
@@ -54,7 +57,13 @@ def _monotone(steps_per_second: list[float]) -> list[float]:
 
 def ship(report_path: str, overwrite: bool, overwrite_step_curves: bool = False) -> None:
     """Write the report's medians as shipped `StepCurve`s (target SPS(B) unless one ships; drafter per dtype)."""
-    from hf_dspark.profiling import DEFAULT_DRAFT_ROWS, PROFILER_VERSION, draft_curve_path, shipped_step_curve_path
+    from hf_dspark.profiling import (
+        DEFAULT_DRAFT_ROWS,
+        DRAFT_PROFILER_VERSION,
+        PROFILER_VERSION,
+        draft_curve_path,
+        shipped_step_curve_path,
+    )
     from hf_dspark.step_curve import StepCurve
 
     with open(report_path, encoding="utf-8") as handle:
@@ -71,18 +80,22 @@ def ship(report_path: str, overwrite: bool, overwrite_step_curves: bool = False)
             name, kind, x = key.split(" ")[0], key.split(" ")[1], int(key.rsplit("=", 1)[1])
             if name == dtype:
                 points[kind][x] = 1e3 / value
-        meta = dict(device="cpu", dtype=dtype, threads=threads, created=report["created"], processor=processor,
-                    profiler=PROFILER_VERSION)
+        meta = dict(device="cpu", dtype=dtype, threads=threads, created=report["created"], processor=processor)
         step_path = shipped_step_curve_path(DEFAULT_TARGET, "cpu", dtype, threads, processor=processor)
         if not step_path.exists() or overwrite_step_curves:
             xs = sorted(points["verify"])
-            StepCurve(xs, _monotone([points["verify"][x] for x in xs]), model=DEFAULT_TARGET, **meta).save(step_path)
+            StepCurve(xs, _monotone([points["verify"][x] for x in xs]), model=DEFAULT_TARGET,
+                      profiler=PROFILER_VERSION, **meta).save(step_path)
         draft_path = draft_curve_path(architecture, "cpu", dtype, threads, shipped=True, processor=processor)
         if draft_path.exists() and not overwrite:
             raise SystemExit(f"{draft_path} exists; pass --overwrite to replace it")
         xs = sorted(points["propose"])
         assert max(xs) <= max(DEFAULT_DRAFT_ROWS)
-        StepCurve(xs, _monotone([points["propose"][x] for x in xs]), model=architecture, **meta).save(draft_path)
+        if report.get("draft_profiler") != DRAFT_PROFILER_VERSION:
+            raise SystemExit(f"{report_path} timed the drafter's propose alone (an older report); measure again to "
+                             "ship its draft curves")
+        StepCurve(xs, _monotone([points["propose"][x] for x in xs]), model=architecture,
+                  profiler=DRAFT_PROFILER_VERSION, **meta).save(draft_path)
         print(f"wrote {draft_path} (and {step_path} unless it shipped already)")
 
 
@@ -109,7 +122,9 @@ def main() -> None:
     with torch.inference_mode():
         caches = {k: _prefill(t, 8, 200, 0) for k, (t, _) in models.items()}
         inputs = {k: {b: _verification_inputs(t, b, 200, 8, 0) for b in BATCH_TOKENS} for k, (t, _) in models.items()}
-        contexts = {(k, r): _context(d, r) for k, (_, d) in models.items() for r in ROWS}
+        room = DRAFT_COMMITTED * (args.sweeps + 1)
+        contexts = {(k, r): _context_cache(d, r, 200, 0, room) for k, (_, d) in models.items() for r in ROWS}
+        committed = {(k, r): _context_features(d, r, DRAFT_COMMITTED, 1) for k, (_, d) in models.items() for r in ROWS}
         for sweep in range(args.sweeps + 1):
             for k, (target, drafter) in models.items():
                 for b in BATCH_TOKENS:
@@ -119,10 +134,9 @@ def main() -> None:
                         samples.setdefault(f"{k} verify B={b}", []).append(elapsed)
                 for r in ROWS:
                     anchors = torch.randint(100, 1000, (r,))
-                    start = time.perf_counter()
-                    drafter.propose(anchors, contexts[(k, r)])
+                    elapsed = time_draft_round(drafter, contexts[(k, r)], anchors, committed[(k, r)])
                     if sweep:
-                        samples.setdefault(f"{k} propose R={r}", []).append(time.perf_counter() - start)
+                        samples.setdefault(f"{k} propose R={r}", []).append(elapsed)
     ms = {key: round(1e3 * statistics.median(v), 1) for key, v in samples.items()}
     gamma = models["float32"][1].config.block_size
     ratios = {}
@@ -135,6 +149,7 @@ def main() -> None:
     report = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": args.threads,
               "processor": processor_signature("cpu"),
               "drafter_architecture": drafter_architecture(models["float32"][1]),
+              "draft_profiler": DRAFT_PROFILER_VERSION,
               "sweeps": args.sweeps, "gamma": gamma, "load_average_at_end": os.getloadavg(), "median_ms": ms,
               "batch1": ratios}
     write_json_atomic(args.out, report)

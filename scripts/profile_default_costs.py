@@ -8,6 +8,9 @@ step curve beside it (`<summary stem>_step_curve_<dtype>.png`) under `benchmarks
     python scripts/profile_default_costs.py --threads 2 --dtypes float32 --summary benchmarks/results/avx2_t2.json
     python scripts/profile_default_costs.py --variant dflash --skip-step-curve float32 bfloat16 \
         --summary benchmarks/results/cost_curves_dflash.json    # the baseline's curves (head none), step curves kept
+
+The step curve is measured as `generate` verifies: on oneDNN-packed linear weights where it packs them (float32 on
+CPU, `--packed-weights auto`), filed under the dtype "float32-onednn".
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark import load_default_drafter, load_default_target
+from hf_dspark.generation.packed_linear import linear_packs_for
 from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.profiling import (
@@ -29,6 +33,7 @@ from hf_dspark.profiling import (
     profile_draft_curve,
     profile_step_curve,
     shipped_step_curve_path,
+    step_curve_key,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,6 +62,8 @@ def main() -> None:
                         help="per point: min estimates the uncontended cost on a shared machine (default)")
     parser.add_argument("--skip-step-curve", nargs="*", default=[], help="dtypes whose shipped SPS(B) is kept")
     parser.add_argument("--overwrite", action="store_true", help="replace shipped curves that exist")
+    parser.add_argument("--packed-weights", choices=["auto", "on", "off"], default="auto",
+                        help="verify on oneDNN-packed linear weights as generate does (auto: float32 CPU targets)")
     parser.add_argument("--summary", default="benchmarks/results/cost_curves.json",
                         help="JSON summary path, relative to the repository root")
     args = parser.parse_args()
@@ -65,7 +72,9 @@ def main() -> None:
     for name in args.dtypes:
         target, _ = load_default_target(dtype=getattr(torch, name))
         drafter = load_default_drafter(target, variant=args.variant)
-        step_path = shipped_step_curve_path(target.name_or_path, "cpu", name, args.threads)
+        packs = linear_packs_for(target, {"auto": None, "on": True, "off": False}[args.packed_weights])
+        step_path = shipped_step_curve_path(target.name_or_path, "cpu", step_curve_key(target, args.threads, packs)[2],
+                                            args.threads)
         draft_path = draft_curve_path(drafter_architecture(drafter), "cpu", name, args.threads, shipped=True)
         for path in (step_path, draft_path):
             if path.exists() and not args.overwrite and not (path == step_path and name in args.skip_step_curve):
@@ -75,7 +84,8 @@ def main() -> None:
 
             step = StepCurve.load(step_path)
         else:
-            step = profile_step_curve(target, threads=args.threads, repeats=args.repeats, statistic=args.statistic)
+            step = profile_step_curve(target, threads=args.threads, repeats=args.repeats, statistic=args.statistic,
+                                      packs=packs)
             step.save(step_path)
         draft = profile_draft_curve(drafter, threads=args.threads, repeats=args.repeats, statistic=args.statistic)
         draft = nondecreasing_costs(draft)
@@ -83,7 +93,7 @@ def main() -> None:
         summary_path = ROOT / args.summary
         step.plot(summary_path.with_name(f"{summary_path.stem}_step_curve_{name}.png"))
         gamma = drafter.config.block_size
-        summary["dtypes"][name] = {
+        summary["dtypes"][step_curve_key(target, args.threads, packs)[2]] = {
             "verify_ms": {b: round(_ms(step, b), 1) for b in (1, 2, 4, 8, 16, 32, 64, 128)},
             "propose_ms": {r: round(_ms(draft, r), 1) for r in (1, 2, 4, 8, 16, 32, 64)},
             "batch1_round_over_plain_step": round((_ms(step, gamma + 1) + _ms(draft, 1)) / _ms(step, 1), 3),

@@ -163,7 +163,10 @@ def test_packed_verification_has_its_own_curve(llama_target, cache_dir, monkeypa
 
 def test_every_shipped_curve_has_the_current_profiler_version():
     paths = sorted(profiling.SHIPPED_STEP_CURVES.glob("*/*.json"))
-    assert paths and all(StepCurve.load(path).profiler == profiling.PROFILER_VERSION for path in paths)
+    assert paths
+    for path in paths:
+        expected = profiling.DRAFT_PROFILER_VERSION if path.name.startswith("draft__") else profiling.PROFILER_VERSION
+        assert StepCurve.load(path).profiler == expected, path
 
 
 def test_shipped_default_curves_are_valid_and_filed_under_their_processor():
@@ -249,3 +252,29 @@ def test_shipped_draft_curves_are_valid():
         assert curve.batch_tokens[0] == 1 and curve.model in path.name
         costs = [1 / s for s in curve.steps_per_second]
         assert costs == sorted(costs), path.name  # shipped costs never fall with more rows
+
+
+def test_draft_curve_times_the_context_update_and_propose_of_a_round(llama_target):
+    """A drafting round runs the drafter twice: the context update with the last round's committed tokens, then
+    `propose`; the curve times both (profiler `DRAFT_PROFILER_VERSION`)."""
+    from hf_dspark.profiling import DRAFT_COMMITTED, DRAFT_PROFILER_VERSION, profile_draft_curve
+    from tests.helpers import make_drafter
+
+    drafter = make_drafter(llama_target, block_size=3)
+    calls = []
+    extend, propose = drafter.extend_context, drafter.propose
+
+    def counted_extend(cache, features, valid):
+        calls.append(("extend", tuple(valid.shape)))
+        return extend(cache, features, valid)
+
+    def counted_propose(anchors, cache, **kwargs):
+        calls.append(("propose", tuple(anchors.shape)))
+        return propose(anchors, cache, **kwargs)
+
+    drafter.extend_context, drafter.propose = counted_extend, counted_propose
+    curve = profile_draft_curve(drafter, rows=(1, 2), context=8, repeats=2, warmup=1, threads=1, progress=False)
+    assert curve.profiler == DRAFT_PROFILER_VERSION
+    timed = [c for c in calls if c != ("extend", (1, 8)) and c != ("extend", (2, 8))]  # the caches' own context
+    assert timed == [(kind, shape) for _ in range(3) for r in (1, 2)
+                     for kind, shape in (("extend", (r, DRAFT_COMMITTED)), ("propose", (r,)))]

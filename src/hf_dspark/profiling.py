@@ -53,6 +53,10 @@ _STATISTICS = {"median": statistics.median, "min": min}
 # Version of the profiled code path (the verification forward and `propose`). Bump it when a change makes them
 # faster or slower: cached and shipped curves of another version are then ignored and measured again.
 PROFILER_VERSION = 2
+# Version of the drafter's profiled round. 3: the context update of `DRAFT_COMMITTED` committed tokens per row
+# before `propose`, as a drafting round runs them (version 2 timed `propose` alone: ≈ 20% under a real round).
+DRAFT_PROFILER_VERSION = 3
+DRAFT_COMMITTED = 2
 
 
 # ---------------------------------------------------------------------------------------------- naming / paths
@@ -254,8 +258,9 @@ def profile_step_curve(
 
 
 # ---------------------------------------------------------------------------------------------- cache
-def _current_curve(paths: Sequence[Path], what: str, device: str = "cpu") -> StepCurve | None:
-    """The first readable curve of `paths` measured by this `PROFILER_VERSION` on this kind of processor (None:
+def _current_curve(paths: Sequence[Path], what: str, device: str = "cpu", version: int = PROFILER_VERSION
+                   ) -> StepCurve | None:
+    """The first readable curve of `paths` measured by profiler `version` on this kind of processor (None:
     profile it). Unreadable curves, curves of an older or newer profiler and curves measured on another kind of
     processor (`processor_signature`) are skipped with a warning naming the file; a curve that does not say where
     it was measured (written before curves recorded it) is trusted."""
@@ -268,9 +273,9 @@ def _current_curve(paths: Sequence[Path], what: str, device: str = "cpu") -> Ste
         except (OSError, ValueError, TypeError) as err:
             logger.warning(f"Ignoring unreadable {what} {path}: {err}")
             continue
-        if curve.profiler != PROFILER_VERSION:
+        if curve.profiler != version:
             logger.warning(f"Ignoring {what} {path}: measured by profiler version {curve.profiler}, this hf-dspark "
-                           f"measures with version {PROFILER_VERSION} (its costs may have changed).")
+                           f"measures with version {version} (its costs may have changed).")
         elif curve.processor is not None and curve.processor != here:
             logger.warning(f"Ignoring {what} {path}: measured on a {curve.processor} processor, this one is {here} "
                            "(costs differ between kinds of processor).")
@@ -334,14 +339,32 @@ def draft_curve_path(architecture: str, device: str, dtype: str, threads: int | 
     return shipped_curves_dir(device, processor) / name if shipped else cache_root() / "draft_curves" / name
 
 
-def _context_cache(drafter, rows: int, context: int, seed: int):
+def _context_features(drafter, rows: int, tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random tapped features `[rows, tokens, n_taps·d]` and an all-valid mask, as `extend_context` takes them."""
     generator = torch.Generator().manual_seed(seed + rows)
     width = drafter.config.num_taps * drafter.config.hidden_size
     ref = drafter.fc.weight
-    features = torch.randn(rows, context, width, generator=generator).to(device=ref.device, dtype=ref.dtype)
-    cache = drafter.init_cache(rows, capacity=context + 2 * drafter.config.block_size)
-    drafter.extend_context(cache, features, torch.ones(rows, context, dtype=torch.bool, device=ref.device))
+    features = torch.randn(rows, tokens, width, generator=generator).to(device=ref.device, dtype=ref.dtype)
+    return features, torch.ones(rows, tokens, dtype=torch.bool, device=ref.device)
+
+
+def _context_cache(drafter, rows: int, context: int, seed: int, room: int = 0):
+    """A draft cache of `rows` rows holding `context` random context tokens each, with `room` more slots."""
+    cache = drafter.init_cache(rows, capacity=context + room + 2 * drafter.config.block_size)
+    drafter.extend_context(cache, *_context_features(drafter, rows, context, seed))
     return cache
+
+
+def time_draft_round(drafter, cache, anchors: torch.Tensor, committed: tuple[torch.Tensor, torch.Tensor]) -> float:
+    """Seconds of one drafting round's drafter work: the context update with the last round's committed tokens
+    (`committed`: features `[R, n, ·]` and valid `[R, n]`), then a greedy `propose` from `anchors` `[R]`."""
+    device = anchors.device
+    device_sync(device)
+    start = time.perf_counter()
+    drafter.extend_context(cache, *committed)
+    drafter.propose(anchors, cache, do_sample=False)
+    device_sync(device)  # the draft curve is compared with the synchronised step curve
+    return time.perf_counter() - start
 
 
 def profile_draft_curve(
@@ -355,10 +378,11 @@ def profile_draft_curve(
     seed: int = 0,
     statistic: str = "median",
 ) -> StepCurve:
-    """Measure the drafter's `propose` calls per second (greedy, its γ) at each row count R in `rows`.
+    """Measure the drafter's rounds per second at each row count R in `rows`: the context update with
+    `DRAFT_COMMITTED` committed tokens per row, then a greedy `propose` (its γ), as a drafting round runs them.
 
-    Each row has `context` committed tokens in its cache (random features); sweeps are interleaved over R like
-    `profile_step_curve`. Returns a `StepCurve` whose `batch_tokens` are row counts.
+    Each row starts with `context` committed tokens in its cache (random features); sweeps are interleaved over R
+    like `profile_step_curve`. Returns a `StepCurve` whose `batch_tokens` are row counts.
     """
     points = sorted({int(r) for r in rows})
     if not points or points[0] < 1 or repeats < 1 or warmup < 0 or context < 1:
@@ -370,18 +394,15 @@ def profile_draft_curve(
     vocab = int(drafter.config.vocab_size)
     with pinned_threads(threads), torch.inference_mode():
         used_threads = torch.get_num_threads()
-        caches = {r: _context_cache(drafter, r, context, seed) for r in points}
-        bar = tqdm(total=(warmup + repeats) * len(points), desc="profiling the drafter's propose", unit="call",
+        room = DRAFT_COMMITTED * (warmup + repeats)
+        caches = {r: _context_cache(drafter, r, context, seed, room) for r in points}
+        committed = {r: _context_features(drafter, r, DRAFT_COMMITTED, seed + 1) for r in points}
+        bar = tqdm(total=(warmup + repeats) * len(points), desc="profiling the drafter's rounds", unit="call",
                    disable=not progress)
         for sweep in range(warmup + repeats):
             for r in points:
                 anchors = torch.randint(min(20, vocab - 1), vocab, (r,), generator=torch.Generator().manual_seed(r))
-                anchors = anchors.to(device)
-                device_sync(device)
-                start = time.perf_counter()
-                drafter.propose(anchors, caches[r], do_sample=False)
-                device_sync(device)  # the draft curve is compared with the synchronised step curve
-                elapsed = time.perf_counter() - start
+                elapsed = time_draft_round(drafter, caches[r], anchors.to(device), committed[r])
                 if sweep >= warmup:
                     samples[r].append(elapsed)
                 bar.update(1)
@@ -391,7 +412,7 @@ def profile_draft_curve(
         steps_per_second=[1.0 / max(_STATISTICS[statistic](samples[r]), 1e-9) for r in points],
         model=drafter_architecture(drafter), device=device.type, dtype=str(drafter.fc.weight.dtype).removeprefix(
             "torch."), threads=used_threads, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        profiler=PROFILER_VERSION, processor=processor_signature(device),
+        profiler=DRAFT_PROFILER_VERSION, processor=processor_signature(device),
     )
 
 
@@ -407,12 +428,13 @@ def load_or_profile_draft_curve(drafter, threads: int | None = None, progress: b
     threads = torch.get_num_threads() if threads is None else int(threads)
     weight = drafter.fc.weight
     key = (drafter_architecture(drafter), weight.device.type, str(weight.dtype).removeprefix("torch."), threads)
-    curve = _current_curve((draft_curve_path(*key), draft_curve_path(*key, shipped=True)), "draft curve", key[1])
+    curve = _current_curve((draft_curve_path(*key), draft_curve_path(*key, shipped=True)), "draft curve", key[1],
+                           DRAFT_PROFILER_VERSION)
     if curve is not None:
         return curve
     path = draft_curve_path(*key)
     logger.warning(f"No cost curve for drafter {key[0]} ({key[1]}, {key[2]}, {threads} threads): profiling its "
-                   f"propose once (saved to {path}).")
+                   f"rounds once (saved to {path}).")
     curve = profile_draft_curve(drafter, threads=threads, progress=progress, **profile_kwargs)
     curve.save(path)
     return curve

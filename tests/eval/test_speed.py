@@ -73,3 +73,14 @@ def test_out_may_only_replace_an_earlier_speed_report(prompt_sets, tmp_path):
     SpeedConfig(prompt_files=prompt_sets, out=str(earlier))
     with pytest.raises(ValueError, match="is a folder"):
         SpeedConfig(prompt_files=prompt_sets, out=str(tmp_path), overwrite=True)
+
+
+def test_unpacked_methods_run_beside_the_packed_ones(target, chat_tokenizer, prompt_sets, tmp_path):
+    drafter = make_drafter(target, seed=1)
+    config = SpeedConfig(prompt_files=prompt_sets[:1], num_prompts=1, max_new_tokens=6, repeats=1, block_sizes=[],
+                         threads=1, scheduler=None, unpacked=True, out=str(tmp_path / "speed.json"))
+    report = run_speed_benchmark(config, target, chat_tokenizer, drafter)
+    table = report["results"]["gsm8k"]
+    assert list(table) == ["plain", "prompt_lookup", "dspark", "dspark_auto", "dspark_auto_unpacked",
+                           "dspark_unpacked"]
+    assert all(row["all_outputs_identical_to_plain"] for row in table.values())

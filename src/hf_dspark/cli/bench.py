@@ -45,7 +45,7 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
         config = SpeedConfig(prompt_files=args.sets, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              repeats=args.repeats, block_sizes=args.block_sizes, threads=args.threads,
                              drafter=args.drafter, baseline=args.baseline, scheduler=scheduler, out=args.out,
-                             overwrite=args.overwrite)
+                             overwrite=args.overwrite, unpacked=args.unpacked)
     except ValueError as error:
         args.parser.error(str(error))
     torch.set_num_threads(args.threads)
@@ -140,6 +140,9 @@ def _add_speed_command(bench) -> None:
     speed.add_argument("--scheduler", default="lagged_padded",
                        help="policy of the extra dspark_<policy> run (a dspark_policy value; 'none' skips it)")
     speed.add_argument("--no-drafter", action="store_true", help="only plain, prompt lookup and the oracle")
+    speed.add_argument("--unpacked", action="store_true",
+                       help="also run DSpark (fixed and auto) with dspark_packed_weights=False, to see what verifying "
+                       "on packed weights gives (float32 CPU targets)")
     speed.add_argument("--out", default="benchmarks/results/speed.json", help="JSON report (a PNG goes beside it)")
     speed.add_argument("--overwrite", action="store_true",
                        help="replace an existing --out that is not a bench speed report (an earlier speed report is "

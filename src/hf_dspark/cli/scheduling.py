@@ -96,7 +96,8 @@ def add_profile_command(sub) -> None:
     profile = sub.add_parser("profile", help="measure SPS(B), the step curve the load-aware scheduler uses",
                              description="Time one verification forward of the target per batch-token count B and "
                              "save the step curve SPS(B) that the load-aware scheduler reads; with --drafter, time "
-                             "the drafter's propose per row count R instead (the cost curve the auto policy reads).")
+                             "the drafter's round (context update, then propose) per row count R instead (the cost "
+                             "curve the auto policy reads).")
     profile.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
     profile.add_argument("--drafter", default=None,
                          help="profile this drafter's cost curve instead: a drafter folder (any layout) or "

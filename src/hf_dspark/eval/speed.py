@@ -43,6 +43,8 @@ class SpeedConfig:
     auto: also run the cost-aware policy (`dspark_auto`, and `oracle_g<γ>_auto` beside every oracle).
     untrained: also run an untrained drafter of the trained one's architecture, fixed ℓ = γ and auto
         (`untrained`, `untrained_auto`): the worst case a default policy must survive.
+    unpacked: also run the DSpark drafter, fixed ℓ = γ and auto, with `dspark_packed_weights=False`
+        (`dspark_unpacked`, `dspark_auto_unpacked`): what verifying on packed weights gives, side by side.
     out: JSON result path (a PNG plot is written beside it). An existing file there must be an earlier speed report
         (it is replaced) unless `overwrite`.
     overwrite: replace an existing `out` that is not an `hf-dspark bench speed` report.
@@ -60,6 +62,7 @@ class SpeedConfig:
     prompt_lookup_tokens: int = 10
     auto: bool = True
     untrained: bool = False
+    unpacked: bool = False
     out: str = "benchmarks/results/speed.json"
     overwrite: bool = False
 
@@ -104,6 +107,12 @@ def _methods(target, input_ids, reference, config: SpeedConfig, drafter, baselin
         if config.auto:
             methods["dspark_auto"] = (_generate(target, input_ids, drafter, common, dspark_policy="auto", **curve),
                                       drafter)
+        if config.unpacked:
+            off = dict(dspark_packed_weights=False)
+            methods["dspark_unpacked"] = (_generate(target, input_ids, drafter, common, dspark_policy="fixed", **off),
+                                          drafter)
+            methods["dspark_auto_unpacked"] = (
+                _generate(target, input_ids, drafter, common, dspark_policy="auto", **off), drafter)
     if untrained is not None:
         methods["untrained"] = (_generate(target, input_ids, untrained, common, dspark_policy="fixed"), untrained)
         methods["untrained_auto"] = (
