@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from hf_dspark import load_default_drafter, load_default_target
-from hf_dspark.generation.packed_linear import linear_packs_for
+from hf_dspark.generation.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
 from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.profiling import (
@@ -62,7 +62,7 @@ def main() -> None:
                         help="per point: min estimates the uncontended cost on a shared machine (default)")
     parser.add_argument("--skip-step-curve", nargs="*", default=[], help="dtypes whose shipped SPS(B) is kept")
     parser.add_argument("--overwrite", action="store_true", help="replace shipped curves that exist")
-    parser.add_argument("--packed-weights", choices=["auto", "on", "off"], default="auto",
+    parser.add_argument("--packed-weights", choices=sorted(PACKED_WEIGHTS_CHOICES), default="auto",
                         help="verify on oneDNN-packed linear weights as generate does (auto: float32 CPU targets)")
     parser.add_argument("--summary", default="benchmarks/results/cost_curves.json",
                         help="JSON summary path, relative to the repository root")
@@ -72,7 +72,7 @@ def main() -> None:
     for name in args.dtypes:
         target, _ = load_default_target(dtype=getattr(torch, name))
         drafter = load_default_drafter(target, variant=args.variant)
-        packs = linear_packs_for(target, {"auto": None, "on": True, "off": False}[args.packed_weights])
+        packs = linear_packs_for(target, PACKED_WEIGHTS_CHOICES[args.packed_weights])
         step_path = shipped_step_curve_path(target.name_or_path, "cpu", step_curve_key(target, args.threads, packs)[2],
                                             args.threads)
         draft_path = draft_curve_path(drafter_architecture(drafter), "cpu", name, args.threads, shipped=True)

@@ -10,7 +10,7 @@ from .validation import check_drafter_path, check_drafter_spec, check_files, che
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from ..generation.packed_linear import linear_packs_for
+    from ..generation.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
     from ..profiling import (
         DEFAULT_BATCH_TOKENS,
         DEFAULT_DRAFT_ROWS,
@@ -27,7 +27,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     timing = dict(repeats=args.repeats, warmup=args.warmup, threads=args.threads, statistic=args.statistic)
     if args.drafter is None:
         try:
-            packs = linear_packs_for(target, {"auto": None, "on": True, "off": False}[args.packed_weights])
+            packs = linear_packs_for(target, PACKED_WEIGHTS_CHOICES[args.packed_weights])
         except ValueError as error:
             args.parser.error(f"--packed-weights on: {error}")
         curve = profile_step_curve(target, batch_tokens=args.batch_tokens or DEFAULT_BATCH_TOKENS, rows=args.rows,

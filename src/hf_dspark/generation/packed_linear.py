@@ -30,6 +30,8 @@ logger = logging.get_logger(__name__)
 
 # The most memory packing may take, as a share of what is available, when the caller leaves the choice to us.
 AUTO_MEMORY_SHARE = 0.5
+# Command-line spellings of `dspark_packed_weights` (`--packed-weights`): None decides as `generate` does.
+PACKED_WEIGHTS_CHOICES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 _PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -160,10 +162,10 @@ def packed_linears(packs: PackedLinears | None) -> Iterator[None]:
     """Run the forwards inside with `packs` (None: nothing changes).
 
     Each packed `nn.Linear` gets, while at least one such block runs (threads share it), the instance `forward`
-    `packs.forward_for(module)` (built once; swapping all of SmolLM2-135M's 211 costs ≈ 0.1 ms); the modules are
+    `packs.forward_for(module)` (built once, so a swap sets one attribute per layer); the modules are
     restored when the last block exits. (A `TorchFunctionMode` would
     route the same calls without touching the modules, but costs a Python dispatch on every op of the forward:
-    ≈ 9% of a SmolLM2-135M decode step here.)
+    a first version did, and was slower at one token than no packing.)
     """
     if packs is None:
         yield

@@ -1,0 +1,86 @@
+"""Where a DSpark round's time goes inside `generate`, next to a plain decode step, on the embedded default.
+
+For the first prompt of `--set`, it runs DSpark with a fixed verification length (`--verify-len`) and times every
+round with a round observer (`RoundRecord.draft_seconds`: the drafter's context update and proposal;
+`verify_seconds`: the target forward, verification and commit), then plain `generate` on the same prompt, with and
+without `min_new_tokens` (which sends every draft position through the logits processors over the full
+vocabulary). Medians over rounds, `--repeats` alternating runs, threads pinned. Example (the README's numbers):
+
+    python scripts/bench_round_costs.py --threads 2 --out benchmarks/results/round_costs_avx2_t2.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from hf_dspark.defaults import load_default_drafter, load_default_target
+from hf_dspark.hardware import processor_signature
+from hf_dspark.io_utils import write_json_atomic
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", default="data/eval/humaneval.jsonl", help="JSONL prompt set (its first prompt)")
+    parser.add_argument("--verify-len", type=int, default=4, help="fixed ℓ of the DSpark runs (default 4)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per run (default 64)")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating DSpark / plain runs per setting")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, pinned (default 2)")
+    parser.add_argument("--out", type=Path, required=True, help="JSON report; refused if it exists unless --force")
+    parser.add_argument("--force", action="store_true", help="overwrite --out")
+    return parser.parse_args(argv)
+
+
+def _measure(target, drafter, inputs, args, fixed_length: bool) -> dict:
+    records = []
+    observer = SimpleNamespace(on_round=records.append)
+    common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+    if fixed_length:
+        common["min_new_tokens"] = args.max_new_tokens
+    draft, verify, plain = [], [], []
+    for _ in range(args.repeats):
+        records.clear()
+        target.generate(**inputs, assistant_model=drafter, dspark_policy="fixed", dspark_verify_len=args.verify_len,
+                        dspark_observers=[observer], **common)
+        draft.append(statistics.median(r.draft_seconds for r in records))
+        verify.append(statistics.median(r.verify_seconds for r in records))
+        start = time.perf_counter()
+        out = target.generate(**inputs, **common)
+        plain.append((time.perf_counter() - start) / (out.shape[1] - inputs["input_ids"].shape[1]))
+    ms = {name: round(1e3 * statistics.median(values), 1)
+          for name, values in (("drafter_ms", draft), ("verify_ms", verify), ("plain_step_ms", plain))}
+    ms["round_over_plain_step"] = round((ms["drafter_ms"] + ms["verify_ms"]) / ms["plain_step_ms"], 2)
+    return ms
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.out.exists() and not args.force:
+        print(f"{args.out} exists; pass --force to overwrite it.", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load_default_target()
+    drafter = load_default_drafter(target)
+    with open(args.set, encoding="utf-8") as handle:
+        item = json.loads(handle.readline())
+    messages = [{"role": "user", "content": item["turns"][0]}]
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    report = {"set": args.set, "verify_len": args.verify_len, "threads": args.threads,
+              "processor": processor_signature(torch.device("cpu")), "max_new_tokens": args.max_new_tokens,
+              "repeats": args.repeats,
+              "with_min_new_tokens": _measure(target, drafter, inputs, args, fixed_length=True),
+              "without_processors": _measure(target, drafter, inputs, args, fixed_length=False)}
+    write_json_atomic(args.out, report)
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
