@@ -3,8 +3,9 @@
 For the first prompt of `--set`, it runs DSpark with a fixed verification length (`--verify-len`) and times every
 round with a round observer (`RoundRecord.draft_seconds`: the drafter's context update and proposal;
 `verify_seconds`: the target forward, verification and commit), then plain `generate` on the same prompt, with and
-without `min_new_tokens` (which sends every draft position through the logits processors over the full
-vocabulary). Medians over rounds, `--repeats` alternating runs, threads pinned. Example (the README's numbers):
+without `min_new_tokens` (which sends every draft and verified position through the logits processors over the
+full vocabulary). Medians over rounds, then over `--repeats` runs in which the settings and the DSpark / plain runs
+alternate, threads pinned. Example (the README's numbers):
 
     python scripts/bench_round_costs.py --threads 2 --out benchmarks/results/round_costs_avx2_t2.json
 """
@@ -38,24 +39,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _measure(target, drafter, inputs, args, fixed_length: bool) -> dict:
+def _one_pair(target, drafter, inputs, args, fixed_length: bool) -> tuple[float, float, float]:
+    """One DSpark run (median drafter / verification seconds over its rounds), then plain generate (per token)."""
     records = []
     observer = SimpleNamespace(on_round=records.append)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     if fixed_length:
         common["min_new_tokens"] = args.max_new_tokens
-    draft, verify, plain = [], [], []
-    for _ in range(args.repeats):
-        records.clear()
-        target.generate(**inputs, assistant_model=drafter, dspark_policy="fixed", dspark_verify_len=args.verify_len,
-                        dspark_observers=[observer], **common)
-        draft.append(statistics.median(r.draft_seconds for r in records))
-        verify.append(statistics.median(r.verify_seconds for r in records))
-        start = time.perf_counter()
-        out = target.generate(**inputs, **common)
-        plain.append((time.perf_counter() - start) / (out.shape[1] - inputs["input_ids"].shape[1]))
-    ms = {name: round(1e3 * statistics.median(values), 1)
-          for name, values in (("drafter_ms", draft), ("verify_ms", verify), ("plain_step_ms", plain))}
+    target.generate(**inputs, assistant_model=drafter, dspark_policy="fixed", dspark_verify_len=args.verify_len,
+                    dspark_observers=[observer], **common)
+    draft = statistics.median(r.draft_seconds for r in records)
+    verify = statistics.median(r.verify_seconds for r in records)
+    start = time.perf_counter()
+    out = target.generate(**inputs, **common)
+    plain = (time.perf_counter() - start) / (out.shape[1] - inputs["input_ids"].shape[1])
+    return draft, verify, plain
+
+
+def _summary(triples: list[tuple[float, float, float]]) -> dict:
+    ms = {name: round(1e3 * statistics.median(t[i] for t in triples), 1)
+          for i, name in enumerate(("drafter_ms", "verify_ms", "plain_step_ms"))}
     ms["round_over_plain_step"] = round((ms["drafter_ms"] + ms["verify_ms"]) / ms["plain_step_ms"], 2)
     return ms
 
@@ -74,9 +77,13 @@ def main(argv=None) -> int:
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     report = {"set": args.set, "verify_len": args.verify_len, "threads": args.threads,
               "processor": processor_signature(torch.device("cpu")), "max_new_tokens": args.max_new_tokens,
-              "repeats": args.repeats,
-              "with_min_new_tokens": _measure(target, drafter, inputs, args, fixed_length=True),
-              "without_processors": _measure(target, drafter, inputs, args, fixed_length=False)}
+              "repeats": args.repeats}
+    settings = {"with_min_new_tokens": True, "without_processors": False}
+    runs = {name: [] for name in settings}
+    for _ in range(args.repeats):  # the settings alternate too, so that the machine's drift hits both alike
+        for name, fixed_length in settings.items():
+            runs[name].append(_one_pair(target, drafter, inputs, args, fixed_length))
+    report.update({name: _summary(triples) for name, triples in runs.items()})
     write_json_atomic(args.out, report)
     print(json.dumps(report, indent=1))
     return 0

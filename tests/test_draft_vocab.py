@@ -69,3 +69,40 @@ def test_sampling_with_a_draft_vocabulary_matches_the_target_distribution():
     stats = drafter.last_generation_stats
     assert 0.05 < stats.acceptance_rate < 0.95, "the test needs both accepted and rejected drafts"
     assert _chi_square_pvalue(codes, joint) > 1e-4
+
+
+def test_warpers_run_over_the_draft_vocabulary_with_the_same_distribution():
+    """History-free warpers (temperature, top-k, top-p) are applied to draft-vocabulary logits; the distribution
+    equals the one computed over the target vocabulary with −inf outside the subset, zero outside it."""
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    from hf_dspark.generation.drafting import draft_logits_processor
+    from hf_dspark.generation.processors import RowProcessors
+
+    target = make_target("llama", seed=3)
+    subset = list(range(10, 60))
+    drafter = make_drafter(target, seed=2).restrict_draft_vocab(subset)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(20), TopPLogitsWarper(0.9)])
+    processing = draft_logits_processor(RowProcessors(warpers, 2), [0, 1], [torch.tensor([1, 2])] * 2)
+    assert processing.reads_token_ids is False
+
+    def on_target_vocab(k, drafts_so_far, logits):  # the same warpers, declared as reading token ids
+        return processing(k, drafts_so_far, logits)
+
+    cache = drafter.init_cache(2)
+    anchors = torch.tensor([11, 12])
+    fast = drafter.propose(anchors, cache, do_sample=True, logits_processor=processing)
+    full = drafter.propose(anchors, cache, do_sample=True, logits_processor=on_target_vocab)
+    outside = torch.ones(target.config.vocab_size, dtype=torch.bool)
+    outside[subset] = False
+    assert fast.draft_probs[..., outside].abs().max() == 0
+    torch.testing.assert_close(fast.draft_probs.sum(-1), torch.ones(2, drafter.config.block_size))
+    assert torch.isin(fast.draft_ids, torch.tensor(subset)).all()
+    picked = fast.draft_probs.gather(-1, fast.draft_ids[..., None]).squeeze(-1)
+    torch.testing.assert_close(picked, fast.draft_token_probs.to(picked.dtype))
+    torch.testing.assert_close(fast.draft_probs[:, 0], full.draft_probs[:, 0])  # position 1 has no sampled prefix

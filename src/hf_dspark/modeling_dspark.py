@@ -30,6 +30,17 @@ __all__ = ["DSparkDrafter", "DSparkDrafterOutput", "DSparkPreTrainedModel", "DSp
 
 logger = logging.get_logger(__name__)
 
+def _draw(
+    logits: torch.Tensor, do_sample: bool, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One draft position (Eq. 4): p_draft = softmax(logits) `[R, V]`, and a token `[R]` drawn from it (argmax
+    when greedy)."""
+    p_draft = torch.softmax(logits.float(), dim=-1)
+    if do_sample:
+        return torch.multinomial(p_draft, 1, generator=generator).squeeze(-1), p_draft
+    return logits.argmax(dim=-1), p_draft
+
+
 @dataclass
 class _BoundTarget:
     """The target's frozen embedding and LM head, held outside the module tree so they are never saved."""
@@ -290,22 +301,26 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
         anchor_ids: `[R]` last committed token of each row; cache: context of everything before the anchor.
         `logits_processor(k, drafts_so_far [R, k], logits [R, V])` applies the same processors the target's
-        logits get (temperature, top-k/p, repetition penalty...) on the same prefix. Greedy picks the argmax.
+        logits get (temperature, top-k/p, repetition penalty...) on the same prefix; one whose `reads_token_ids` is
+        False runs over the draft vocabulary. Greedy picks the argmax.
         """
         return_probs = do_sample if return_probs is None else return_probs
         hidden = self.block_hidden_states(anchor_ids, cache)
         base_logits = self.lm_logits(hidden)
-        rows, gamma = anchor_ids.shape[0], self.config.block_size
+        rows, gamma, vocab = anchor_ids.shape[0], self.config.block_size, self.config.vocab_size
         drafts = anchor_ids.new_empty(rows, gamma)
         token_probs = base_logits.new_empty(rows, gamma)
-        vocab = self.config.vocab_size
-        all_probs = base_logits.new_empty(rows, gamma, vocab) if return_probs else None
         conf_logits = base_logits.new_empty(rows, gamma) if self.confidence_head is not None else None
         head, state, prev = self.markov_head, None, anchor_ids
         draft_ids = self.draft_token_ids()
-        # Over a draft vocabulary, greedy drafting without processors stays in draft ids (argmax, then d2t);
-        # everything else sees target-vocabulary logits with −inf outside the subset (p_draft = 0 there).
-        in_draft_ids = draft_ids is not None and logits_processor is None and not do_sample and not return_probs
+        # Over a draft vocabulary, drafting stays in draft ids (process, soft-max, pick, then d2t) unless a logits
+        # processor reads token ids (penalties, EOS floors...): those see target-vocabulary logits, −inf outside
+        # the subset. Either way p_draft = 0 outside the draft vocabulary.
+        reads_ids = logits_processor is not None and getattr(logits_processor, "reads_token_ids", True)
+        in_draft_ids = draft_ids is not None and not reads_ids
+        all_probs = None
+        if return_probs:
+            all_probs = (base_logits.new_zeros if in_draft_ids else base_logits.new_empty)(rows, gamma, vocab)
         for k in range(gamma):
             prev_embedding = head.embed_previous(prev) if head is not None else None
             bias = None
@@ -316,17 +331,15 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 logits = scatter_to_target_vocab(logits, draft_ids, vocab)
             if logits_processor is not None:
                 logits = logits_processor(k, drafts[:, :k], logits)
-            probs = torch.softmax(logits.float(), dim=-1)
-            if do_sample:
-                token = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-            else:
-                token = logits.argmax(dim=-1)
+            token, probs = _draw(logits, do_sample, generator)
             token_probs[:, k] = probs.gather(-1, token[:, None]).squeeze(-1)
+            if all_probs is not None and in_draft_ids:
+                all_probs[:, k, draft_ids] = probs.to(all_probs.dtype)
+            elif all_probs is not None:
+                all_probs[:, k] = probs
             if in_draft_ids:
                 token = draft_ids[token]
             drafts[:, k] = token
-            if all_probs is not None:
-                all_probs[:, k] = probs
             if conf_logits is not None:
                 conf_logits[:, k] = self.confidence_head(hidden[:, k], prev_embedding).float()
             prev = token

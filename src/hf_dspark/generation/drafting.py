@@ -15,7 +15,7 @@ classes. Optional: `bind_target(target)` / `bound_to(target)` / `is_bound` (chec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -51,21 +51,36 @@ def feature_layers(drafter: DraftModel) -> list[int]:
     return [i + 1 for i in (getattr(drafter.config, "target_layer_ids", None) or [])]
 
 
+@dataclass
+class DraftProcessing:
+    """The `logits_processor(k, drafts_so_far, logits)` that gives drafts the target's processing on the same
+    prefix: row i's history `histories[i]` followed by its drafts so far.
+
+    `reads_token_ids` is False when every processor is a history-free warper (temperature, top-k/p, ...): their
+    output depends on the scores' values alone, not on which token a column is, so a drafter may apply them to its
+    draft-vocabulary logits instead of the target vocabulary's.
+    """
+
+    processors: RowProcessors
+    rows: Sequence[int]
+    histories: Sequence[torch.Tensor]
+
+    @property
+    def reads_token_ids(self) -> bool:
+        return not self.processors.history_free
+
+    def __call__(self, k: int, drafts_so_far: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        prefixes = self.histories
+        if self.reads_token_ids:
+            prefixes = [torch.cat([h, d]) for h, d in zip(self.histories, drafts_so_far)]
+        return self.processors.apply(self.rows, prefixes, logits)
+
+
 def draft_logits_processor(
     processors: RowProcessors, rows: Sequence[int], histories: Sequence[torch.Tensor]
-) -> Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """The `logits_processor(k, drafts_so_far, logits)` that gives drafts the target's processing on the same
-    prefix: row i's history `histories[i]` followed by its drafts so far (None when there is nothing to apply)."""
-    if processors.is_empty:
-        return None
-
-    def process(k: int, drafts_so_far: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-        prefixes = histories
-        if not processors.history_free:
-            prefixes = [torch.cat([h, d]) for h, d in zip(histories, drafts_so_far)]
-        return processors.apply(rows, prefixes, logits)
-
-    return process
+) -> DraftProcessing | None:
+    """The drafts' `DraftProcessing` for these rows (None when there is nothing to apply)."""
+    return None if processors.is_empty else DraftProcessing(processors, rows, histories)
 
 
 @dataclass

@@ -14,11 +14,17 @@ Row by row is faithful only for processors whose output for a row depends on tha
 alone and that keep no state between calls (the loop also calls them at draft positions that may be rejected).
 The transformers processors with that property are listed in `ROW_LOCAL`; any other processor is refused before
 generation starts, unless it declares `dspark_row_local = True` (class or instance attribute).
+
+A round calls the processors at every draft and verified position (≈ 2γ calls where plain decoding makes one per
+token), so a processor's fixed cost per call weighs more here. transformers' minimum-length processors rebuild their
+EOS mask with `torch.isin` over the whole vocabulary on every call; `EosFloor` replaces them with the same values
+computed by index (`cheaper_equivalent`).
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 
 import torch
@@ -88,6 +94,45 @@ def check_row_local(processors: LogitsProcessorList) -> None:
         )
 
 
+class EosFloor:
+    """Forbid EOS while a sequence is shorter than a floor: `MinLengthLogitsProcessor` (floor on the whole length)
+    and `MinNewTokensLengthLogitsProcessor` (floor on the length past `skip` prompt tokens), value for value.
+
+    Args:
+        eos_token_id: `[E]` EOS ids; ids outside the vocabulary are ignored, as `torch.isin` ignores them.
+        min_length: while `input_ids.shape[-1] - skip < min_length`, the EOS scores become −inf.
+        skip: tokens of `input_ids` not counted (the prompt, for `min_new_tokens`).
+    """
+
+    dspark_row_local = True
+
+    def __init__(self, eos_token_id: torch.Tensor, min_length: int, skip: int = 0) -> None:
+        self.eos_token_id, self.min_length, self.skip = eos_token_id.reshape(-1), min_length, skip
+        self._columns: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    def _eos_columns(self, vocab_size: int, device: torch.device) -> torch.Tensor:
+        key = (vocab_size, device)
+        if key not in self._columns:
+            eos = self.eos_token_id.to(device=device, dtype=torch.long)
+            self._columns[key] = eos[(eos >= 0) & (eos < vocab_size)].unique()
+        return self._columns[key]
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if input_ids.shape[-1] - self.skip >= self.min_length:
+            return scores.clone()
+        return scores.index_fill(-1, self._eos_columns(scores.shape[-1], scores.device), -math.inf)
+
+
+def cheaper_equivalent(processor):
+    """`processor`, or a faster processor giving identical scores (`EosFloor` for transformers' exact
+    minimum-length classes; subclasses are kept, since they may change the rule)."""
+    if type(processor) is lp.MinLengthLogitsProcessor:
+        return EosFloor(processor.eos_token_id, processor.min_length)
+    if type(processor) is lp.MinNewTokensLengthLogitsProcessor:
+        return EosFloor(processor.eos_token_id, processor.min_new_tokens, processor.prompt_length_to_skip)
+    return processor
+
+
 class _RowBatchId:
     """`prefix_allowed_tokens_fn` seen through a batch-size-1 view of row `row`: passes the real batch index."""
 
@@ -118,6 +163,7 @@ class RowProcessors:
     def __init__(self, processors: LogitsProcessorList | None, batch_size: int) -> None:
         processors = processors if processors is not None else LogitsProcessorList()
         check_row_local(processors)
+        processors = LogitsProcessorList(cheaper_equivalent(p) for p in processors)
         self.history_free = all(isinstance(p, HISTORY_FREE) for p in processors)
         self.shared = LogitsProcessorList(processors)
         self.per_row: list[LogitsProcessorList] | None = None
