@@ -170,7 +170,8 @@ class RaggedTargetCache:
             dtype = model.get_input_embeddings().weight.dtype
             mask = verification_masks(self.layout, mask.bool(), self.positions, positions, dtype)
         # no KV copy per layer for grouped-query attention (attention.py); few-row products on packed weights
-        with packed_gqa_attention(model), packed_linears(packs):
+        # (a single token, batch-1 plain decoding, is never routed there, so it skips the swap)
+        with packed_gqa_attention(model), packed_linears(packs if input_ids.numel() > 1 else None):
             out = model(
                 input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=self.cache, use_cache=True,
                 output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),
