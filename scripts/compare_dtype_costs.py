@@ -1,5 +1,5 @@
 """fp32 vs bf16 side by side: the target's verification forward at B tokens and the shipped drafter's round (context
-update with the last round's committed tokens, then `propose`; `profiling.time_draft_round`) at R rows,
+update with the last round's committed tokens, then `propose`; `draft_profiling.time_draft_round`) at R rows,
 interleaved in every sweep (so load on a shared machine hits both dtypes alike), median ms per point, and
 the batch-1 ratios that decide whether speculation pays (8-token verification / 1-token step, break-even τ).
 
@@ -25,19 +25,21 @@ from datetime import datetime, timezone
 import torch
 
 from hf_dspark import load_default_drafter, load_default_target
-from hf_dspark.hardware import processor_signature
-from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.profiling import (
+from hf_dspark.draft_profiling import (
     DRAFT_COMMITTED,
     DRAFT_PROFILER_VERSION,
     _context_cache,
     _context_features,
+    time_draft_round,
+)
+from hf_dspark.hardware import processor_signature
+from hf_dspark.io_utils import write_json_atomic
+from hf_dspark.profiling import (
     _prefill,
     _select_rows,
     _time_forward,
     _verification_inputs,
     default_taps,
-    time_draft_round,
 )
 
 BATCH_TOKENS = (1, 2, 3, 4, 8, 16, 32, 64)
@@ -57,13 +59,8 @@ def _monotone(steps_per_second: list[float]) -> list[float]:
 
 def ship(report_path: str, overwrite: bool, overwrite_step_curves: bool = False) -> None:
     """Write the report's medians as shipped `StepCurve`s (target SPS(B) unless one ships; drafter per dtype)."""
-    from hf_dspark.profiling import (
-        DEFAULT_DRAFT_ROWS,
-        DRAFT_PROFILER_VERSION,
-        PROFILER_VERSION,
-        draft_curve_path,
-        shipped_step_curve_path,
-    )
+    from hf_dspark.draft_profiling import DEFAULT_DRAFT_ROWS, DRAFT_PROFILER_VERSION, draft_curve_path
+    from hf_dspark.profiling import PROFILER_VERSION, shipped_step_curve_path
     from hf_dspark.step_curve import StepCurve
 
     with open(report_path, encoding="utf-8") as handle:
@@ -144,7 +141,7 @@ def main() -> None:
         step, verify = ms[f"{k} verify B=1"], ms[f"{k} verify B=8"]
         ratios[k] = {"verify8_over_step1": round(verify / step, 2),
                      "break_even_tau_batch1": round((verify + ms[f"{k} propose R=1"]) / step, 2)}
-    from hf_dspark.profiling import drafter_architecture
+    from hf_dspark.draft_profiling import drafter_architecture
 
     report = {"created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "threads": args.threads,
               "processor": processor_signature("cpu"),

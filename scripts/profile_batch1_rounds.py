@@ -16,9 +16,10 @@ import torch
 from hf_dspark import load_default_target
 from hf_dspark.cli.demo import DEMO_PROMPT
 from hf_dspark.defaults import load_default_drafter
+from hf_dspark.draft_profiling import load_or_profile_draft_curve
 from hf_dspark.eval.prompts import chat_input_ids
 from hf_dspark.generation.acceptance import memory_for
-from hf_dspark.profiling import load_or_profile_draft_curve, load_or_profile_step_curve
+from hf_dspark.profiling import load_or_profile_step_curve
 
 
 class Recorder:

@@ -24,13 +24,11 @@ from pathlib import Path
 import torch
 
 from hf_dspark import load_default_drafter, load_default_target
+from hf_dspark.draft_profiling import draft_curve_path, drafter_architecture, profile_draft_curve
 from hf_dspark.generation.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
 from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.profiling import (
-    draft_curve_path,
-    drafter_architecture,
-    profile_draft_curve,
     profile_step_curve,
     shipped_step_curve_path,
     step_curve_key,

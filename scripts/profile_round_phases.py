@@ -16,11 +16,12 @@ import torch
 
 from hf_dspark import load_default_target
 from hf_dspark.defaults import load_default_drafter
+from hf_dspark.draft_profiling import load_or_profile_draft_curve
 from hf_dspark.eval.prompts import chat_input_ids, load_prompt_set
 from hf_dspark.eval.serve import make_policy
 from hf_dspark.generation.engine import DSparkEngine
 from hf_dspark.hardware import resolve_dtype
-from hf_dspark.profiling import load_or_profile_draft_curve, load_or_profile_step_curve
+from hf_dspark.profiling import load_or_profile_step_curve
 
 SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/mt-bench.jsonl"]
 

@@ -19,12 +19,13 @@ from profile_round_phases import SETS, Recorder  # the sibling script's prompt s
 
 from hf_dspark import load_default_target
 from hf_dspark.defaults import load_default_drafter
+from hf_dspark.draft_profiling import load_or_profile_draft_curve
 from hf_dspark.eval.prompts import chat_input_ids, load_prompt_set
 from hf_dspark.eval.serve import make_policy
 from hf_dspark.generation.engine import DSparkEngine
 from hf_dspark.hardware import resolve_dtype
 from hf_dspark.modeling_dspark import DSparkDrafter
-from hf_dspark.profiling import load_or_profile_draft_curve, load_or_profile_step_curve
+from hf_dspark.profiling import load_or_profile_step_curve
 
 
 def serve(target, drafter, policy, prompts, args) -> tuple[float, list]:

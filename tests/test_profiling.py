@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_dspark import profiling
+from hf_dspark import draft_profiling, profiling
 from hf_dspark.hardware import processor_signature
 from hf_dspark.profiling import (
     block_layout,
@@ -165,7 +165,8 @@ def test_every_shipped_curve_has_the_current_profiler_version():
     paths = sorted(profiling.SHIPPED_STEP_CURVES.glob("*/*.json"))
     assert paths
     for path in paths:
-        expected = profiling.DRAFT_PROFILER_VERSION if path.name.startswith("draft__") else profiling.PROFILER_VERSION
+        draft = path.name.startswith("draft__")
+        expected = draft_profiling.DRAFT_PROFILER_VERSION if draft else profiling.PROFILER_VERSION
         assert StepCurve.load(path).profiler == expected, path
 
 
@@ -198,7 +199,7 @@ def test_profile_cli(llama_target, tmp_path):
 
 def test_profile_cli_profiles_a_drafter(llama_target, tmp_path, cache_dir, capsys):
     from hf_dspark.cli import main
-    from hf_dspark.profiling import draft_curve_path
+    from hf_dspark.draft_profiling import draft_curve_path
 
     llama_target.save_pretrained(tmp_path / "target")
     plot = tmp_path / "draft.png"
@@ -223,8 +224,8 @@ def test_profile_cli_refuses_a_missing_drafter_before_loading(tmp_path, capsys):
 
 
 def test_draft_curve_profiled_cached_and_shared_by_architecture(llama_target, cache_dir, monkeypatch):
+    from hf_dspark.draft_profiling import draft_curve_path, drafter_architecture, load_or_profile_draft_curve
     from hf_dspark.eval.oracle import oracle_for
-    from hf_dspark.profiling import draft_curve_path, drafter_architecture, load_or_profile_draft_curve
     from tests.helpers import make_drafter
 
     drafter = make_drafter(llama_target, block_size=3)
@@ -237,7 +238,7 @@ def test_draft_curve_profiled_cached_and_shared_by_architecture(llama_target, ca
     def forbidden(*args, **kwargs):
         raise AssertionError("profiled again despite a cached curve")
 
-    monkeypatch.setattr(profiling, "profile_draft_curve", forbidden)
+    monkeypatch.setattr(draft_profiling, "profile_draft_curve", forbidden)
     other_weights = make_drafter(llama_target, seed=9, block_size=3)  # same shape, other weights: same curve
     assert load_or_profile_draft_curve(other_weights, threads=1) == first
     with pytest.raises(AssertionError, match="profiled again"):  # another γ: another architecture
@@ -257,7 +258,7 @@ def test_shipped_draft_curves_are_valid():
 def test_draft_curve_times_the_context_update_and_propose_of_a_round(llama_target):
     """A drafting round runs the drafter twice: the context update with the last round's committed tokens, then
     `propose`; the curve times both (profiler `DRAFT_PROFILER_VERSION`)."""
-    from hf_dspark.profiling import DRAFT_COMMITTED, DRAFT_PROFILER_VERSION, profile_draft_curve
+    from hf_dspark.draft_profiling import DRAFT_COMMITTED, DRAFT_PROFILER_VERSION, profile_draft_curve
     from tests.helpers import make_drafter
 
     drafter = make_drafter(llama_target, block_size=3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_dspark import profiling
+from hf_dspark import draft_profiling, profiling
 from hf_dspark.cli.demo import _auto_explained
 from hf_dspark.generation.stats import DSparkGenerationStats
 from hf_dspark.step_curve import StepCurve
@@ -23,7 +23,8 @@ def test_demo_says_how_often_auto_drafted_and_what_drafting_can_give(llama_targe
     # 5 tokens cost 2 plain steps, a proposal 0.2 of one: 0.95 acceptance pays (≈ 2.1x), 0.2 cannot (≈ 0.8x).
     step = StepCurve([1, 2, 5], [10.0, 8.0, 5.0])
     monkeypatch.setattr(profiling, "load_or_profile_step_curve", lambda target: step)
-    monkeypatch.setattr(profiling, "load_or_profile_draft_curve", lambda drafter: StepCurve([1, 8], [50.0, 10.0]))
+    draft = StepCurve([1, 8], [50.0, 10.0])
+    monkeypatch.setattr(draft_profiling, "load_or_profile_draft_curve", lambda drafter: draft)
     drafter = make_drafter(llama_target, heldout_acceptance={"greedy": [acceptance] * 4})
     line = _auto_explained(llama_target, drafter, _stats([0, 1, 0, 0]), greedy=True)
     assert line.startswith("'auto' drafted in 1 of 4 rounds. On this machine (")

@@ -10,12 +10,10 @@ from .validation import check_drafter_path, check_drafter_spec, check_files, che
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    from ..draft_profiling import DEFAULT_DRAFT_ROWS, draft_curve_path, profile_draft_curve
     from ..generation.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
     from ..profiling import (
         DEFAULT_BATCH_TOKENS,
-        DEFAULT_DRAFT_ROWS,
-        draft_curve_path,
-        profile_draft_curve,
         profile_step_curve,
         step_curve_key,
         step_curve_path,

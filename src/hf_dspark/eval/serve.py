@@ -138,7 +138,8 @@ def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: in
 
 def _curves(config: ServeConfig, target, drafter, step_curve, draft_curve):
     """The target's SPS(B) and the drafter's cost curve, looked up (or profiled once) when a policy needs them."""
-    from ..profiling import load_or_profile_draft_curve, load_or_profile_step_curve
+    from ..draft_profiling import load_or_profile_draft_curve
+    from ..profiling import load_or_profile_step_curve
 
     if step_curve is None and {"scheduler", "auto"} & set(config.policies):
         step_curve = load_or_profile_step_curve(target, threads=config.threads)

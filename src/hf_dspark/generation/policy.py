@@ -13,7 +13,7 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
   of the target's (model, device, dtype, torch threads) is taken from the user cache or the curves shipped with
   the package, or profiled once (`hf_dspark.profiling.load_or_profile_step_curve`).
 - `dspark_draft_curve`: a `StepCurve` (proposals per second against rows R) or its JSON path, for `"auto"`.
-  When unset, the drafter's curve (`hf_dspark.profiling.load_or_profile_draft_curve`); model-free drafters
+  When unset, the drafter's curve (`hf_dspark.draft_profiling.load_or_profile_draft_curve`); model-free drafters
   (oracle, prompt lookup) count as free.
 - `dspark_measured_costs`: True (default) lets `"auto"` correct its cost curves by the measured wall time of earlier
   rounds (`cost_correction`); False plans with the curves as given.
@@ -233,7 +233,7 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
         step_curve = load_or_profile_step_curve(
             target, packed_weights=getattr(generation_config, "dspark_packed_weights", None))
     if name == "auto" and draft_curve is None and drafter is not None:
-        from ..profiling import load_or_profile_draft_curve
+        from ..draft_profiling import load_or_profile_draft_curve
 
         draft_curve = load_or_profile_draft_curve(drafter)
     return VerificationPolicy(
