@@ -4,7 +4,7 @@
 Times `schedule_greedy` and `schedule_lagged` (and the two baselines) on random survivals with a step curve shaped
 like this CPU's default target, pinned to ONE torch thread (torch.set_num_threads(1)) so numbers are comparable
 on a shared machine. The reference round cost is one verification forward of the default target (≈ 60-70 ms for
-B = 1 with a 200-token cache: the shipped step curve src/hf_dspark/resources/step_curves/x86_64--AVX512--bf16/
+B = 1 with a 200-token cache: the shipped step curve src/hf_dspark/resources/step_curves/x86_64--AVX512--bf16--amx/
 SmolLM2-135M-Instruct__cpu__float32__t1.json gives 59 ms at 1 thread on the development CPU); a real
 R = 64 round costs several times more, so
 the percentage is an upper bound. Writes benchmarks/results/scheduler_overhead.json.

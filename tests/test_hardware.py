@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -10,8 +12,30 @@ from hf_dspark import hardware
 
 def test_processor_signature_names_the_architecture_and_capability():
     signature = hardware.processor_signature("cpu")
-    assert signature.split("/")[1].removesuffix("+bf16") == torch.backends.cpu.get_cpu_capability()
-    assert signature.endswith("+bf16") == hardware.native_bf16("cpu")
+    capability, *features = signature.split("/")[1].split("+")
+    assert capability == torch.backends.cpu.get_cpu_capability()
+    assert ("bf16" in features) == hardware.native_bf16("cpu")
+    assert ("amx" in features) == (hardware.native_bf16("cpu") and hardware.amx_bf16())
+
+
+@pytest.mark.parametrize(("bf16", "amx", "suffix"), [(True, True, "+bf16+amx"), (True, False, "+bf16"),
+                                                     (False, False, ""), (False, True, "")])
+def test_amx_tiles_make_a_separate_kind_of_processor(monkeypatch, bf16, amx, suffix):
+    """Intel AMX and AMD Zen 4 both report AVX512 with native bf16, but few-row bf16 matmuls cost far less on AMX
+    tiles: curves measured on one must not be used on the other."""
+    monkeypatch.setattr(hardware, "native_bf16", lambda device="cpu": bf16)
+    monkeypatch.setattr(hardware, "amx_bf16", lambda: amx)
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert hardware.processor_signature("cpu") == f"{platform.machine()}/{capability}{suffix}"
+
+
+def test_amx_detection_reads_torch_capabilities(monkeypatch):
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_bf16": True})
+    assert hardware.amx_bf16()
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"amx_bf16": False})
+    assert not hardware.amx_bf16()
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {})  # a torch that does not report it
+    assert not hardware.amx_bf16()
 
 
 @pytest.mark.parametrize("native", [True, False])

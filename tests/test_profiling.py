@@ -80,6 +80,7 @@ def test_step_curve_path_uses_env_and_key(cache_dir):
     assert shipped.parent.parent == profiling.SHIPPED_STEP_CURVES
     assert shipped.parent.name == here.replace("/", "--").replace("+", "--")
     assert profiling.shipped_curves_dir("cpu", "x86_64/AVX512+bf16").name == "x86_64--AVX512--bf16"
+    assert profiling.shipped_curves_dir("cpu", "x86_64/AVX512+bf16+amx").name == "x86_64--AVX512--bf16--amx"
 
 
 def test_load_or_profile_caches(llama_target, cache_dir, monkeypatch):
@@ -172,7 +173,7 @@ def test_every_shipped_curve_has_the_current_profiler_version():
 
 def test_shipped_default_curves_are_valid_and_filed_under_their_processor():
     folders = sorted(path for path in profiling.SHIPPED_STEP_CURVES.iterdir() if path.is_dir())
-    assert [folder.name for folder in folders] == ["x86_64--AVX2", "x86_64--AVX512--bf16"]
+    assert [folder.name for folder in folders] == ["x86_64--AVX2", "x86_64--AVX512--bf16", "x86_64--AVX512--bf16--amx"]
     for folder in folders:
         for path in folder.glob("*.json"):  # a curve is only looked up in its own processor's folder
             assert profiling.shipped_curves_dir("cpu", StepCurve.load(path).processor) == folder, path

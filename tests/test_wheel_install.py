@@ -38,6 +38,7 @@ for variant in DEFAULT_DRAFTER_VARIANTS:
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file(), folder
 assert sorted(SHIPPED_STEP_CURVES.glob("x86_64--AVX2/*.json")), SHIPPED_STEP_CURVES
 assert sorted(SHIPPED_STEP_CURVES.glob("x86_64--AVX512--bf16/*.json")), SHIPPED_STEP_CURVES
+assert sorted(SHIPPED_STEP_CURVES.glob("x86_64--AVX512--bf16--amx/*.json")), SHIPPED_STEP_CURVES
 assert "{{ card_data }}" in card_template()
 print("package data ok:", package)
 """

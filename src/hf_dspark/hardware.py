@@ -17,14 +17,28 @@ logger = logging.get_logger(__name__)
 
 
 def processor_signature(device: str | torch.device = "cpu") -> str:
-    """The kind of processor a curve is measured on: `"<arch>/<torch CPU capability>[+bf16]"` for a CPU (e.g.
-    `"x86_64/AVX512+bf16"`, `"x86_64/AVX2"`), the GPU's name for CUDA. Costs measured on one kind do not carry to
-    another: without native bf16 a bf16 matmul runs ~7× slower than fp32, where with it bf16 is the faster one."""
+    """The kind of processor a curve is measured on: `"<arch>/<torch CPU capability>[+bf16][+amx]"` for a CPU (e.g.
+    `"x86_64/AVX512+bf16+amx"`, `"x86_64/AVX512+bf16"`, `"x86_64/AVX2"`), the GPU's name for CUDA. Costs measured
+    on one kind do not carry to another: without native bf16 a bf16 matmul runs ~7× slower than fp32, where with it
+    bf16 is the faster one; with AMX tiles (Intel Sapphire Rapids and later) a few-row bf16 matmul costs far less
+    than with AVX512-BF16 alone (AMD Zen 4), so the two are separate kinds."""
     kind = torch.device(device).type
     if kind == "cuda" and torch.cuda.is_available():
         return f"cuda/{torch.cuda.get_device_name(torch.device(device))}"
-    capability = torch.backends.cpu.get_cpu_capability() if kind == "cpu" else kind
-    return f"{platform.machine()}/{capability}{'+bf16' if kind == 'cpu' and native_bf16('cpu') else ''}"
+    if kind != "cpu":
+        return f"{platform.machine()}/{kind}"
+    bf16 = "+bf16" if native_bf16("cpu") else ""
+    amx = "+amx" if bf16 and amx_bf16() else ""
+    return f"{platform.machine()}/{torch.backends.cpu.get_cpu_capability()}{bf16}{amx}"
+
+
+def amx_bf16() -> bool:
+    """Whether this CPU has AMX bf16 tiles (`torch.cpu.get_capabilities()`; False where torch cannot say)."""
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    try:
+        return bool(capabilities()["amx_bf16"]) if capabilities is not None else False
+    except (KeyError, RuntimeError, TypeError):
+        return False
 
 
 def native_bf16(device: str = "cpu") -> bool:

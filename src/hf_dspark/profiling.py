@@ -177,7 +177,8 @@ def _time_forward(target, cache: DynamicCache, inputs: dict, taps: list[int], pa
     device = inputs["input_ids"].device
     device_sync(device)
     start = time.perf_counter()
-    with packed_gqa_attention(target), packed_linears(packs):  # as the loop's verification forward (target_cache)
+    single = inputs["input_ids"].numel() == 1  # as the loop's forward (target_cache): one token skips the swap
+    with packed_gqa_attention(target), packed_linears(None if single else packs):
         out = target(**inputs, cache=cache, use_cache=True, output_hidden_states=taps, logits_to_keep=0)
     out.logits.float()  # the loop converts verification logits to fp32
     device_sync(device)

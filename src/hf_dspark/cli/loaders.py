@@ -110,13 +110,17 @@ def load_drafter_spec(target, path: str):
     return drafter.eval()
 
 
-def add_runtime_arguments(parser: argparse.ArgumentParser, threads: int, auto_dtype: bool = True) -> None:
-    """`--threads`, `--device` and `--dtype` of a command that loads the target (one definition for all of them)."""
+def add_runtime_arguments(parser: argparse.ArgumentParser, threads: int, auto_dtype: bool = True,
+                          dtype_help: str | None = None, dtype_default: str = "auto") -> None:
+    """`--threads`, `--device` and `--dtype` of a command that loads the target (one definition for all of them).
+
+    auto_dtype: offer `--dtype auto` (bf16 where it is native); dtype_default / dtype_help: its default and help text
+    when a command defaults to another dtype (the demo: float32, where greedy output is bit-identical)."""
     parser.add_argument("--threads", type=positive_int, default=threads, help="torch CPU threads, pinned")
     parser.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     if auto_dtype:
-        parser.add_argument("--dtype", default="auto", choices=["auto", *DTYPE_CHOICES],
-                            help="target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
+        parser.add_argument("--dtype", default=dtype_default, choices=["auto", *DTYPE_CHOICES], help=dtype_help or
+                            "target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
     else:
         parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
 
