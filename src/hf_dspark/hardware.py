@@ -52,13 +52,16 @@ def native_bf16(device: str = "cpu") -> bool:
 
 
 def default_dtype(device: str = "cpu") -> str:
-    """The dtype the demo and benchmarks use by default: "bfloat16" where it is native, else "float32".
+    """The dtype `--dtype auto` picks (the benchmarks' default; the demo defaults to float32, where DSpark's greedy
+    output is bit-identical to plain `generate`): "bfloat16" where it is native, else "float32".
 
     Measured on the development CPU (AVX512-BF16 and AMX, 1 thread, `benchmarks/results/cost_curves.json`): in
     bf16 an 8-token verification costs ≈ 1.4 single-token steps instead of ≈ 2.6, batched steps are about twice
     as fast and the drafter's forward less than half as long; only a lone plain decoding step is slightly slower.
     Lossless then means: the same distribution as plain bf16 `generate`; greedy text may differ from it at
-    near-ties (a k-token forward rounds differently from a 1-token forward). fp32 stays bit-identical.
+    near-ties (a k-token forward rounds differently from a 1-token forward). fp32 stays bit-identical. On AVX512-BF16
+    without AMX (AMD Zen 4) bf16 is still the faster dtype in absolute terms, though its few-token verification is
+    relatively dearer than fp32's on packed weights (README, "dtype: fp32 or bf16").
     """
     return "bfloat16" if native_bf16(device) else "float32"
 
