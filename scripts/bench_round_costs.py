@@ -8,6 +8,9 @@ full vocabulary). Medians over rounds, then over `--repeats` runs in which the s
 alternate, threads pinned. Example (the README's numbers):
 
     python scripts/bench_round_costs.py --threads 2 --out benchmarks/results/round_costs_avx2_t2.json
+
+The report also gives what the target's step curve (the one the policy prices rounds with) says a plain step and a
+verification of ℓ + 1 tokens cost (`curve_ms`), to compare with the one-row costs measured in the loop.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import torch
 from hf_dspark.defaults import load_default_drafter, load_default_target
 from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
+from hf_dspark.profiling import load_or_profile_step_curve
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per run (default 64)")
     parser.add_argument("--repeats", type=int, default=3, help="alternating DSpark / plain runs per setting")
     parser.add_argument("--threads", type=int, default=2, help="torch threads, pinned (default 2)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="target dtype")
     parser.add_argument("--out", type=Path, required=True, help="JSON report; refused if it exists unless --force")
     parser.add_argument("--force", action="store_true", help="overwrite --out")
     return parser.parse_args(argv)
@@ -69,15 +74,19 @@ def main(argv=None) -> int:
         print(f"{args.out} exists; pass --force to overwrite it.", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
-    target, tokenizer = load_default_target()
+    target, tokenizer = load_default_target(dtype=getattr(torch, args.dtype))
     drafter = load_default_drafter(target)
+    curve = load_or_profile_step_curve(target)  # what the policy prices a round with (as generate packs)
     with open(args.set, encoding="utf-8") as handle:
         item = json.loads(handle.readline())
     messages = [{"role": "user", "content": item["turns"][0]}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     report = {"set": args.set, "verify_len": args.verify_len, "threads": args.threads,
               "processor": processor_signature(torch.device("cpu")), "max_new_tokens": args.max_new_tokens,
-              "repeats": args.repeats}
+              "repeats": args.repeats, "dtype": args.dtype,
+              # the step curve spreads B tokens over up to 8 rows; a batch-1 round verifies ℓ + 1 tokens in one row
+              "curve_ms": {"plain_step": round(1e3 / float(curve.steps_per_second_at(1)), 1),
+                           "verify": round(1e3 / float(curve.steps_per_second_at(args.verify_len + 1)), 1)}}
     settings = {"with_min_new_tokens": True, "without_processors": False}
     runs = {name: [] for name in settings}
     for _ in range(args.repeats):  # the settings alternate too, so that the machine's drift hits both alike
