@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from hf_dspark.generation.packed_linear import onednn_linear, onednn_linear_available
+from hf_dspark.generation.packed_linear import onednn_linear, onednn_linear_available, onednn_pack
 from hf_dspark.hardware import native_bf16, processor_signature
 
 
@@ -48,7 +48,7 @@ def main() -> None:
     head, linear = torch.randn(49152, 576), torch.randn(1536, 576)
     packed = onednn_linear_available()
     if packed:
-        head_packed, linear_packed = (torch.ops.mkldnn._reorder_linear_weight(w, None) for w in (head, linear))
+        head_packed, linear_packed = onednn_pack(head), onednn_pack(linear)
     for m in (1, 2, 3, 4, 8, 16):
         x = torch.randn(m, 576)
         head_ms = median_ms(lambda x=x: torch.nn.functional.linear(x, head), args.repeats)

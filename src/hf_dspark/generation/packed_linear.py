@@ -83,6 +83,11 @@ def available_memory_bytes() -> int | None:
         return None
 
 
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    """oneDNN's packed (blocked-layout) copy of a linear weight `[out, in]`, for `onednn_linear`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """oneDNN's x `[rows, in]` times a packed weight (`[out, in]` before packing) plus bias: `[rows, out]`."""
     return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
@@ -133,7 +138,7 @@ class PackedLinears:
         if reason is not None:
             raise ValueError(f"cannot pack the linear weights of {type(model).__name__}: {reason}.")
         with torch.no_grad():
-            packed = {id(w): (w, w._version, torch.ops.mkldnn._reorder_linear_weight(w.detach(), None))
+            packed = {id(w): (w, w._version, onednn_pack(w))
                       for w in _linear_weights(model)}
         return cls(_linear_modules(model), packed, min_rows=min_rows, max_rows=max_rows)
 
