@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import types
 
 import pytest
@@ -86,3 +87,67 @@ def test_eager_or_no_gqa_targets_are_left_alone(overrides):
     with packed_gqa_attention(model):
         assert model.config._attn_implementation == before
     assert model.config._attn_implementation == before
+
+
+def test_a_plain_forward_in_another_thread_keeps_transformers_sdpa(target, monkeypatch):
+    from hf_dspark.generation import attention
+
+    ids, mask = ragged_prompts(2, seed=4)
+    new = torch.randint(3, 90, (2, 3))
+    full_mask = torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], dim=1)
+
+    def forward():
+        cache = type(target(input_ids=ids[:, :1], use_cache=True).cache)()
+        target(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+        return target(input_ids=new, attention_mask=full_mask, cache=cache, use_cache=True).logits
+
+    with torch.no_grad():
+        reference = forward()
+    callers, original = [], attention.packed_gqa_sdpa
+
+    def spy(*args, **kwargs):
+        callers.append(threading.get_ident())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "packed_gqa_sdpa", spy)
+    entered, release, inside = threading.Event(), threading.Event(), {}
+
+    def verifier():
+        with torch.no_grad(), packed_gqa_attention(target):
+            inside["logits"] = forward()
+            entered.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=verifier)
+    thread.start()
+    assert entered.wait(5)
+    try:
+        assert target.config._attn_implementation == PACKED_SDPA  # switched for the verifying thread
+        with torch.no_grad():
+            plain = forward()
+    finally:
+        release.set()
+        thread.join()
+    assert target.config._attn_implementation == "sdpa"
+    assert torch.equal(plain, reference)  # bit for bit what it computes with no verifying thread
+    torch.testing.assert_close(inside["logits"], reference)
+    assert callers and set(callers) == {thread.ident}
+
+
+def test_overlapping_blocks_in_two_threads_restore_the_config_at_the_last_exit(target):
+    entered, release = threading.Event(), threading.Event()
+
+    def worker():
+        with packed_gqa_attention(target):
+            entered.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert entered.wait(5)
+    with packed_gqa_attention(target):
+        assert target.config._attn_implementation == PACKED_SDPA
+    assert target.config._attn_implementation == PACKED_SDPA  # the worker's block still runs
+    release.set()
+    thread.join()
+    assert target.config._attn_implementation == "sdpa"

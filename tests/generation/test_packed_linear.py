@@ -100,8 +100,9 @@ def test_linear_packs_for_caches_rebuilds_and_respects_the_setting(monkeypatch):
     assert packs is not None and linear_packs_for(model) is packs and linear_packs_for(model, True) is packs
     with torch.no_grad():
         model[2].weight.add_(1.0)
+    assert packs.stale()
     rebuilt = linear_packs_for(model)
-    assert rebuilt is not packs and not rebuilt.stale()
+    assert rebuilt is packs and not packs.stale()  # repacked in place: engines holding it see the new copies
 
 
 def test_auto_packs_only_what_fits_in_memory(monkeypatch):
@@ -158,3 +159,127 @@ def test_generate_refuses_a_bad_setting_before_any_work():
     with pytest.raises(ValueError, match="float32 weights"):
         half.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=make_drafter(half),
                       dspark_packed_weights=True)
+
+
+def _mutate(target, how: str) -> None:
+    """Change the target's weights the ways users do after a first call (none moves a version counter the same way)."""
+    layer = target.model.layers[1].mlp.down_proj
+    gen = torch.Generator().manual_seed(5)
+    new = torch.randn(layer.weight.shape, generator=gen) * 0.2
+    if how == "data_copy":
+        layer.weight.data.copy_(new)
+    elif how == "new_parameter":
+        layer.weight = torch.nn.Parameter(new)
+    elif how == "load_state_dict_assign":
+        state = {k: v.clone() for k, v in target.state_dict().items()}
+        state["model.layers.1.mlp.down_proj.weight"] = new
+        target.load_state_dict(state, assign=True)
+    elif how == "adapter_merge":  # a PEFT-style merge: weight.data += B @ A
+        lora_b, lora_a = torch.randn(layer.weight.shape[0], 4, generator=gen), torch.randn(4, layer.weight.shape[1],
+                                                                                              generator=gen)
+        layer.weight.data += lora_b @ lora_a * 0.1
+    elif how == "data_assign":
+        layer.weight.data = new
+    else:
+        raise ValueError(how)
+
+
+@pytest.mark.parametrize("how", ["data_copy", "new_parameter", "load_state_dict_assign", "adapter_merge",
+                                 "data_assign"])
+def test_changed_weights_after_a_first_call_are_repacked(how):
+    target = make_target("llama", seed=11)
+    ids, mask = ragged_prompts(3, seed=23)
+    drafter = make_drafter(target)
+    options = dict(attention_mask=mask, do_sample=False, max_new_tokens=24)
+    target.generate(ids, assistant_model=drafter, dspark_packed_weights=True, **options)  # packs the weights
+    packs = linear_packs_for(target, True)
+    _mutate(target, how)
+    assert packs.stale()
+    reference = target.generate(ids, **options)
+    output = target.generate(ids, assistant_model=drafter, dspark_packed_weights=True, **options)
+    assert torch.equal(output, reference)
+    assert not packs.stale() and linear_packs_for(target, True) is packs  # repacked in place, once
+
+
+def test_an_unchanged_model_is_not_repacked():
+    model = _mlp()
+    packs = linear_packs_for(model, True)
+    entries = dict(packs.packed)
+    assert not packs.refresh(model) and packs.packed == entries
+
+
+def test_other_threads_run_pytorch_while_one_thread_is_inside_the_block(monkeypatch):
+    model = _mlp()
+    packs = PackedLinears.build(model)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        reference = model(x)
+    callers = []
+    original = packed_linear.onednn_linear
+
+    def spy(inputs, packed, bias):
+        callers.append(threading.get_ident())
+        return original(inputs, packed, bias)
+
+    monkeypatch.setattr(packed_linear, "onednn_linear", spy)
+    entered, release, inside = threading.Event(), threading.Event(), {}
+
+    def verifier():
+        with torch.no_grad(), packed_linears(packs):
+            inside["out"] = model(x)
+            entered.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=verifier)
+    thread.start()
+    assert entered.wait(5)
+    try:
+        assert "forward" in vars(model[0])  # the swap is in place for the verifying thread
+        with torch.no_grad():
+            plain = model(x)  # this thread is outside any block
+    finally:
+        release.set()
+        thread.join()
+    assert torch.equal(plain, reference)
+    assert set(callers) == {thread.ident}
+
+
+def test_two_threads_on_one_target_dspark_and_plain_forwards_stay_apart(monkeypatch):
+    from hf_dspark.generation import attention
+
+    target = make_target("llama", seed=11)
+    ids, mask = ragged_prompts(3, seed=24)
+    drafter = make_drafter(target)
+    options = dict(attention_mask=mask, do_sample=False, max_new_tokens=24)
+    reference = target.generate(ids, **options)
+    with torch.no_grad():
+        logits = target(ids, attention_mask=mask).logits
+    callers, linear, sdpa = set(), packed_linear.onednn_linear, attention.packed_gqa_sdpa
+
+    def spy(kernel):
+        def call(*args, **kwargs):
+            callers.add(threading.get_ident())
+            return kernel(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(packed_linear, "onednn_linear", spy(linear))
+    monkeypatch.setattr(attention, "packed_gqa_sdpa", spy(sdpa))
+    done, outputs = threading.Event(), []
+
+    def speculate():
+        try:
+            for _ in range(4):
+                outputs.append(target.generate(ids, assistant_model=drafter, dspark_packed_weights=True, **options))
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=speculate)
+    thread.start()
+    plain_runs = 0
+    while not done.is_set() or plain_runs == 0:
+        with torch.no_grad():
+            assert torch.equal(target(ids, attention_mask=mask).logits, logits)
+        plain_runs += 1
+    thread.join()
+    assert len(outputs) == 4 and all(torch.equal(out, reference) for out in outputs)
+    assert callers == {thread.ident}  # the packed kernels ran for the verifying thread only

@@ -33,6 +33,8 @@ AUTO_MEMORY_SHARE = 0.5
 # Command-line spellings of `dspark_packed_weights` (`--packed-weights`): None decides as `generate` does.
 PACKED_WEIGHTS_CHOICES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 _PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Entries of each packed weight watched for changes that move no counter (at least one per output row).
+PROBE_SAMPLES = 1024
 
 
 def onednn_linear_available() -> bool:
@@ -93,38 +95,86 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise.default(x, packed, bias, "none", [], "")
 
 
-def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, version: int,
-                   packed: torch.Tensor, min_rows: int, max_rows: int) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through oneDNN's packed copy `packed` when x has `min_rows..max_rows` rows,
-    is float32 and needs no gradient, and the weight is unchanged since packing (its `_version` is `version`).
+def _probe_indices(weight: torch.Tensor, samples: int = PROBE_SAMPLES) -> torch.Tensor:
+    """Flat indices of the weight entries a `PackedWeight` watches: one in each of `n` equal chunks of the
+    flattened `[out, in]` weight, at a spread offset, with n >= out (every row is watched) and n <= numel."""
+    numel = weight.numel()
+    count = min(numel, max(samples, weight.shape[0] if weight.dim() else 1))
+    chunk = numel // count
+    steps = torch.arange(count, dtype=torch.long)
+    return steps * chunk + (steps * 7919) % max(chunk, 1)
+
+
+@dataclass
+class PackedWeight:
+    """One weight's packed copy and what identifies the values it was packed from.
+
+    Args:
+        weight: the `nn.Parameter` packed (its identity: a layer given a new Parameter is no longer covered).
+        data_ptr: where its values lived when packed (`param.data = ...` and `.to(...)` move them).
+        version: its version counter when packed (in-place changes through the Parameter move it).
+        probe: flat indices of the entries watched for changes made through `param.data`, which move neither.
+        sample: the values at `probe` when packed.
+        packed: oneDNN's blocked copy (`onednn_pack`).
+    """
+
+    weight: torch.Tensor
+    data_ptr: int
+    version: int
+    probe: torch.Tensor
+    sample: torch.Tensor
+    packed: torch.Tensor
+
+    @classmethod
+    def of(cls, weight: torch.Tensor) -> PackedWeight:
+        """Pack `weight` and record what identifies its values now."""
+        with torch.no_grad():
+            probe = _probe_indices(weight)
+            return cls(weight, weight.data_ptr(), weight._version, probe, torch.take(weight.detach(), probe).clone(),
+                       onednn_pack(weight))
+
+    def moved(self) -> bool:
+        """Whether the weight left the packed values without touching a single value (cheap: no tensor op)."""
+        weight = self.weight
+        return weight._version != self.version or weight.data_ptr() != self.data_ptr
+
+
+def _packed_linear(x: torch.Tensor, module: torch.nn.Linear, entry: PackedWeight, min_rows: int,
+                   max_rows: int) -> torch.Tensor:
+    """`module(x)`, through oneDNN's packed copy when x has `min_rows..max_rows` rows, is float32 and needs no
+    gradient, and the layer still holds the weight packed, unchanged since (same Parameter, storage, version).
     x: `[..., in]`; weight: `[out, in]`; returns `[..., out]`."""
     features = x.shape[-1]
     rows = x.numel() // features if features else 0
-    if (min_rows <= rows <= max_rows and x.dtype is torch.float32 and weight._version == version
-            and not (x.requires_grad and torch.is_grad_enabled())):
-        out = onednn_linear(x.reshape(rows, features), packed, bias)
+    if (min_rows <= rows <= max_rows and x.dtype is torch.float32 and module.weight is entry.weight
+            and not entry.moved() and not (x.requires_grad and torch.is_grad_enabled())):
+        out = onednn_linear(x.reshape(rows, features), entry.packed, module.bias)
         return out.view(*x.shape[:-1], out.shape[-1])
-    return F.linear(x, weight, bias)
+    return F.linear(x, module.weight, module.bias)
 
 
 @dataclass
 class PackedLinears:
     """oneDNN-packed copies of a model's linear weights.
 
+    The copies are used only by the thread inside a `packed_linears` block; other threads calling the same layers
+    meanwhile run PyTorch's kernel on the live weights.
+
     Args:
         modules: the plain `nn.Linear` layers whose forwards `packed_linears` routes.
-        packed: `id(weight)` → (the weight, its version when packed, the packed copy); a tied weight is packed once.
+        packed: `id(weight)` → its `PackedWeight`; a tied weight is packed once.
         min_rows: the fewest input rows routed to oneDNN (one row: PyTorch's matrix-vector kernel is as fast).
         max_rows: the most input rows routed to oneDNN (prefill-sized inputs keep PyTorch's kernel).
     """
 
     modules: list[torch.nn.Linear] = field(default_factory=list)
-    packed: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = field(default_factory=dict)
+    packed: dict[int, PackedWeight] = field(default_factory=dict)
     min_rows: int = 2
     max_rows: int = 64
     lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     active: int = field(default=0, init=False, repr=False, compare=False)
     forwards: list = field(default_factory=list, init=False, repr=False, compare=False)
+    scope: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= self.max_rows:
@@ -137,9 +187,7 @@ class PackedLinears:
         reason = unpackable_reason(model)
         if reason is not None:
             raise ValueError(f"cannot pack the linear weights of {type(model).__name__}: {reason}.")
-        with torch.no_grad():
-            packed = {id(w): (w, w._version, onednn_pack(w))
-                      for w in _linear_weights(model)}
+        packed = {id(w): PackedWeight.of(w) for w in _linear_weights(model)}
         return cls(_linear_modules(model), packed, min_rows=min_rows, max_rows=max_rows)
 
     @staticmethod
@@ -148,29 +196,56 @@ class PackedLinears:
         return sum(w.numel() * w.element_size() for w in _linear_weights(model))
 
     def stale(self) -> bool:
-        """Whether a packed weight was changed in place since (its version moved): the copies are outdated."""
-        return any(w._version != version for w, version, _ in self.packed.values())
+        """Whether a packed weight changed since packing: a layer holds another Parameter (assigned, or
+        `load_state_dict(..., assign=True)`), a weight's storage moved (`param.data = ...`, `.to(...)`), it was
+        changed in place (its version moved), or a watched entry differs (in-place changes through `param.data`,
+        such as an adapter merge `weight.data += delta`, which move no counter). The watched entries (at least one
+        per output row) are compared in one tensor comparison, so this is cheap enough to run once per call."""
+        entries = list(self.packed.values())
+        if any(id(module.weight) not in self.packed for module in self.modules) or any(e.moved() for e in entries):
+            return True  # an entry holds its weight, so a matching id is the same Parameter
+        if not entries:
+            return False
+        with torch.no_grad():
+            now = torch.cat([torch.take(entry.weight.detach(), entry.probe) for entry in entries])
+            return not torch.equal(now, torch.cat([entry.sample for entry in entries]))
+
+    def refresh(self, model: torch.nn.Module) -> bool:
+        """Repack `model`'s linear weights in place when its layers or weights changed since packing (`stale`);
+        returns whether it did. Skipped while a `packed_linears` block runs (the swapped forwards then fall back to
+        PyTorch's kernel for a layer whose Parameter, storage or version changed). A model that can no longer be
+        packed (moved off float32 or the CPU) keeps no copies: every call runs PyTorch's kernel."""
+        with self.lock:
+            if self.active or (self.modules == _linear_modules(model) and not self.stale()):
+                return False
+            fresh = PackedLinears.build(model) if unpackable_reason(model) is None else PackedLinears()
+            self.modules, self.packed = fresh.modules, fresh.packed
+            self.forwards = [self.forward_for(module) for module in self.modules]
+            return True
 
     def forward_for(self, module: torch.nn.Linear):
-        """`module`'s forward on the packed copy of its weight (PyTorch's kernel when the call is not routed)."""
-        weight, version, packed = self.packed[id(module.weight)]
-        bias, low, high = module.bias, self.min_rows, self.max_rows
+        """`module`'s forward on the packed copy of its weight inside this thread's `packed_linears` block, and
+        `nn.Linear.forward` anywhere else (another thread, or PyTorch's kernel when the call is not routed)."""
+        entry, low, high, scope = self.packed[id(module.weight)], self.min_rows, self.max_rows, self.scope
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            return _packed_linear(x, weight, bias, version, packed, low, high)
+            if getattr(scope, "depth", 0):
+                return _packed_linear(x, module, entry, low, high)
+            return F.linear(x, module.weight, module.bias)
 
         return forward
 
 
 @contextmanager
 def packed_linears(packs: PackedLinears | None) -> Iterator[None]:
-    """Run the forwards inside with `packs` (None: nothing changes).
+    """Run this thread's forwards inside with `packs` (None: nothing changes).
 
-    Each packed `nn.Linear` gets, while at least one such block runs (threads share it), the instance `forward`
-    `packs.forward_for(module)` (built once, so a swap sets one attribute per layer); the modules are
-    restored when the last block exits. (A `TorchFunctionMode` would
-    route the same calls without touching the modules, but costs a Python dispatch on every op of the forward:
-    a first version did, and was slower at one token than no packing.)
+    Each packed `nn.Linear` gets, while at least one such block runs in any thread, the instance `forward`
+    `packs.forward_for(module)` (built once, so a swap sets one attribute per layer); the modules are restored when
+    the last block exits. The swapped forward uses the packed copy only in threads inside a block (a thread-local
+    depth), so plain forwards of the same model elsewhere meanwhile compute exactly what they would without it.
+    (A `TorchFunctionMode` would route the same calls without touching the modules, but costs a Python dispatch on
+    every op of the forward: a first version did, and was slower at one token than no packing.)
     """
     if packs is None:
         yield
@@ -180,9 +255,11 @@ def packed_linears(packs: PackedLinears | None) -> Iterator[None]:
         if packs.active == 1:
             for module, forward in zip(packs.modules, packs.forwards):
                 object.__setattr__(module, "forward", forward)  # plain attribute: nn.Module's own setter is slow
+    packs.scope.depth = getattr(packs.scope, "depth", 0) + 1
     try:
         yield
     finally:
+        packs.scope.depth -= 1
         with packs.lock:
             packs.active -= 1
             if packs.active == 0:
@@ -191,8 +268,8 @@ def packed_linears(packs: PackedLinears | None) -> Iterator[None]:
 
 
 def linear_packs_for(model: torch.nn.Module, setting: bool | None = None) -> PackedLinears | None:
-    """The packed weights for `model`'s verification forwards, built once per model and reused (rebuilt if a
-    weight changed in place), or None to run unpacked.
+    """The packed weights for `model`'s verification forwards, built once per model and reused (rebuilt when a
+    layer or weight changed since: `PackedLinears.stale`), or None to run unpacked.
 
     setting: True packs (a `ValueError` names why it cannot); False never does; None (default) packs when it can
     and the copies fit in `AUTO_MEMORY_SHARE` of the memory available now (a model already packed stays packed).
@@ -200,9 +277,10 @@ def linear_packs_for(model: torch.nn.Module, setting: bool | None = None) -> Pac
     if setting is False:
         return None
     packs = _PACKS.get(model)
-    if packs is not None and not packs.stale():
-        return packs
     reason = unpackable_reason(model)
+    if packs is not None and reason is None:
+        packs.refresh(model)
+        return packs
     if reason is not None:
         if setting:
             raise ValueError(f"dspark_packed_weights=True, but {reason}; pass dspark_packed_weights=False.")
