@@ -150,7 +150,7 @@ def test_inputs_embeds_without_input_ids_is_refused(pair):
     target, drafter = pair
     ids, mask = ragged_prompts(2, seed=5)
     embeds = target.get_input_embeddings()(ids)
-    with pytest.raises(ValueError, match="pass input_ids instead"):
+    with pytest.raises(ValueError, match="Pass the prompt as input_ids only"):
         target.generate(inputs_embeds=embeds, attention_mask=mask, assistant_model=drafter, max_new_tokens=4)
 
 

@@ -19,6 +19,7 @@ import copy
 from types import SimpleNamespace
 
 from ..binding import validate_target_shape
+from .call_checks import check_prompt_inputs
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
@@ -54,6 +55,7 @@ def _requested(model, args, kwargs, name: str):
 def _check_call_inputs(model, args, kwargs) -> None:
     """Up-front checks of a DSpark `generate` call's prompt and decoding settings, before transformers prepares
     anything: an empty prompt, an `eos_token_id` that is not token ids, out-of-range sampling settings."""
+    check_prompt_inputs(kwargs)  # soft prompts: before transformers prepares anything
     check_prompt_ids(args[0] if args else kwargs.get("inputs", kwargs.get("input_ids")))
     settings = {name: _requested(model, args, kwargs, name)
                 for name in ("eos_token_id", "do_sample", "temperature", "top_k", "top_p")}
@@ -175,8 +177,8 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
         validate_dspark_options({"dspark_observers": dspark_observers})
         generation_config.dspark_observers = list(dspark_observers)  # transformers' per-call copy
     validate_dspark_options(generation_config_options(generation_config))
-    if model_kwargs.get("inputs_embeds") is None:  # with inputs_embeds, prefill names what is missing
-        check_prompt_ids(input_ids)
+    check_prompt_inputs(model_kwargs)
+    check_prompt_ids(input_ids)
     check_decoding_settings(generation_config)
     check_left_padded(model_kwargs.get("attention_mask"))
     return dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,

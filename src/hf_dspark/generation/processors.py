@@ -55,6 +55,7 @@ HISTORY_FREE = (
 ROW_LOCAL = HISTORY_FREE + tuple(
     getattr(lp, name) for name in (
         "MinLengthLogitsProcessor", "MinNewTokensLengthLogitsProcessor", "RepetitionPenaltyLogitsProcessor",
+        "EncoderRepetitionPenaltyLogitsProcessor",
         "TopHLogitsWarper", "NoRepeatNGramLogitsProcessor", "SequenceBiasLogitsProcessor",
         "NoBadWordsLogitsProcessor", "PrefixConstrainedLogitsProcessor", "ForcedBOSTokenLogitsProcessor",
         "ForcedEOSTokenLogitsProcessor", "InfNanRemoveLogitsProcessor", "ExponentialDecayLengthPenalty",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..binding import validate_target_shape
+from .call_checks import check_call
 from .drafting import is_draft_model
 
 
@@ -30,6 +31,7 @@ def validate_call(model, drafter, generation_config) -> None:
             "ragged verification blocks); use output_scores or output_logits."
         )
     bind_drafter(model, drafter)
+    check_call(model, drafter, generation_config)  # soft prompts, DoLa, length-dependent RoPE, a moved target
 
 
 def bind_drafter(model, drafter) -> None:

@@ -1,0 +1,113 @@
+"""Up-front refusals (and one repair) for DSpark `generate` calls whose inputs the loop cannot serve exactly.
+
+Each check runs before any forward pass, profiling or cache work, and names the input and the fix:
+
+- `inputs_embeds` (a soft prompt, alone or beside `input_ids`): the loop prefills from token ids;
+- `dola_layers`: DoLa decoding is a different decoding method (plain `generate` routes it elsewhere);
+- RoPE scalings whose frequencies depend on the longest position of a forward (`dynamic` NTK, `longrope`), when
+  the call can reach their threshold: a verification forward carries draft slots past the committed tokens, so
+  it would cross the threshold at other steps than plain decoding and change every logit from there;
+- a target moved to another dtype or device after the drafter was bound: the drafter is re-bound (it follows the
+  target, as binding made it do), instead of failing deep inside the loop on a dtype mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+# RoPE types whose frequencies are recomputed from the largest position id of each forward.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+def check_prompt_inputs(model_kwargs: Mapping) -> None:
+    """Refuse `inputs_embeds` (with or without `input_ids`) before any work."""
+    if model_kwargs.get("inputs_embeds") is None:
+        return
+    alongside = " alongside input_ids" if model_kwargs.get("input_ids") is not None else ""
+    raise ValueError(
+        f"DSpark does not support inputs_embeds{alongside} (a soft prompt): its prefill, drafter and logits "
+        "processors read the prompt as token ids, so the embeddings would be ignored. Pass the prompt as input_ids "
+        "only, or generate without the DSpark assistant (drop assistant_model) for soft prompts."
+    )
+
+
+def check_decoding_method(generation_config) -> None:
+    """Refuse generation settings that select another decoding method than greedy / sampling."""
+    if getattr(generation_config, "dola_layers", None) is not None:
+        raise ValueError(
+            f"dola_layers={generation_config.dola_layers!r} asks for DoLa decoding, which DSpark speculative "
+            "decoding does not implement (the verification would ignore it): drop dola_layers, or generate without "
+            "the DSpark assistant."
+        )
+
+
+def _rope_settings(config) -> list[dict]:
+    """The RoPE parameter dicts of a text config (one per layer type where the config has several)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, Mapping):
+        return []
+    if "rope_type" in params or "type" in params:
+        return [dict(params)]
+    return [dict(value) for value in params.values() if isinstance(value, Mapping)]
+
+
+def rope_threshold(config) -> tuple[str, int] | None:
+    """(rope type, the sequence length past which its frequencies change) for a length-dependent RoPE scaling,
+    or None when the target's RoPE does not depend on the forward's length."""
+    for params in _rope_settings(config):
+        rope_type = params.get("rope_type", params.get("type"))
+        if rope_type not in LENGTH_DEPENDENT_ROPE:
+            continue
+        threshold = config.max_position_embeddings
+        if rope_type == "longrope":
+            threshold = (params.get("original_max_position_embeddings")
+                         or getattr(config, "original_max_position_embeddings", None) or threshold)
+        return rope_type, int(threshold)
+    return None
+
+
+def check_rope_scaling(model, max_length: int | None, block_size: int) -> None:
+    """Refuse a call that can cross a length-dependent RoPE threshold (`rope_threshold`).
+
+    A verification forward holds up to γ = `block_size` slots past a row's committed tokens, so positions can
+    reach `max_length + block_size` (conservatively).
+    """
+    found = rope_threshold(model.config.get_text_config(decoder=True))
+    if found is None or max_length is None:
+        return
+    rope_type, threshold = found
+    reach = int(max_length) + int(block_size)
+    if reach <= threshold:
+        return
+    raise ValueError(
+        f"The target uses {rope_type!r} RoPE scaling, whose frequencies change once a forward's longest position "
+        f"passes {threshold}. This call can reach {reach} positions (max_length {max_length} plus γ = {block_size} "
+        "draft slots), and DSpark's verification forwards would cross the threshold at other steps than plain "
+        f"decoding, changing the output. Keep prompt + max_new_tokens at most {threshold - block_size} tokens, or "
+        "generate without the DSpark assistant for longer sequences."
+    )
+
+
+def follow_target_moves(model, drafter) -> None:
+    """Re-bind a `DSparkDrafter` bound to `model` when the target moved to another dtype or device since binding
+    (`model.to(torch.bfloat16)`): binding made the drafter follow the target, so it follows it again."""
+    if not hasattr(drafter, "bind_target") or not drafter.bound_to(model):
+        return
+    weight = model.get_input_embeddings().weight
+    own = next(drafter.parameters(), None)
+    if own is None or (own.dtype == weight.dtype and own.device == weight.device):
+        return
+    logger.warning(f"The target moved to {weight.dtype} on {weight.device} after the drafter was bound "
+                   f"({own.dtype} on {own.device}); re-binding the drafter so it follows the target.")
+    drafter.bind_target(model)
+
+
+def check_call(model, drafter, generation_config) -> None:
+    """Every check above that needs the bound pair and the prepared generation config."""
+    check_decoding_method(generation_config)
+    check_rope_scaling(model, generation_config.max_length, drafter.config.block_size)
+    follow_target_moves(model, drafter)
