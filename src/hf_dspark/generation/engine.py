@@ -14,11 +14,18 @@ plain batched decoding, and returns the tokens each request gained.
 
 Supported per request: greedy or sampling with temperature/top-k/top-p (shared by the engine), EOS and
 `max_new_tokens`. Stop strings and history-dependent processors belong to `generate`.
+
+`add_request` copies the prompt; `add_request`, `cancel`, `result` and `take_finished` are safe from other threads
+during `step()`. A round that raises is undone: its requests go back to the queue with the tokens they had and are
+prefilled again (twice in a row: they finish with `EngineRequest.error`). `take_finished()` releases finished
+requests; `records` keeps the last `max_records` rounds.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -57,6 +64,9 @@ class EngineRequest:
     admitted: float | None = None
     finished_at: float | None = None
     rounds: int = 0
+    cancelled: bool = False
+    error: BaseException | None = None
+    failures: int = 0
 
     @property
     def history(self) -> torch.Tensor:
@@ -120,7 +130,7 @@ def _prompt_tensor(prompt_ids, vocab_size: int) -> torch.Tensor:
     if int(prompt.min()) < 0 or int(prompt.max()) >= vocab_size:
         bad = prompt[(prompt < 0) | (prompt >= vocab_size)].tolist()
         raise ValueError(f"prompt token ids {bad[:5]} are outside the target's vocabulary 0..{vocab_size - 1}.")
-    return prompt.long().cpu()
+    return prompt.long().cpu().clone()  # the engine's own copy: the caller may reuse its buffer
 
 
 def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool,
@@ -151,13 +161,17 @@ class DSparkEngine:
         packed_weights: as `generate`'s `dspark_packed_weights`, for every policy (plain decoding included, so
             policies compare on the same kernels): True / False, or None to pack float32 CPU targets when the
             copies fit in memory (`packed_linear.linear_packs_for`).
+        max_records: round records kept in `records` (the latest; None keeps all).
     """
 
     def __init__(self, target, drafter: DraftModel | None = None, policy: VerificationPolicy | str = "none",
                  do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-                 max_running: int = 64, packed_weights: bool | None = None) -> None:
+                 max_running: int = 64, packed_weights: bool | None = None,
+                 max_records: int | None = 10_000) -> None:
         _check_engine_arguments(policy, drafter, max_running)
+        if max_records is not None and (type(max_records) is not int or max_records < 0):
+            raise ValueError(f"max_records must be None (keep every round) or an int >= 0, got {max_records!r}.")
         check_sampling_settings(do_sample, temperature, top_k, top_p)  # as generate checks them
         eos = eos_token_ids(eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id)
         if policy != "none":
@@ -174,19 +188,26 @@ class DSparkEngine:
         self.processors = RowProcessors(_warpers(do_sample, temperature, top_k, top_p), 1)
         self.eos = set(eos)
         self.max_running = max_running
+        self.packs = linear_packs_for(target, packed_weights)
         self.kernel = RoundKernel(target, self.drafter, policy if self.drafter is not None else None,
-                                  self.processors, do_sample, packs=linear_packs_for(target, packed_weights))
+                                  self.processors, do_sample, packs=self.packs)
         self.taps = feature_layers(self.drafter) if self.drafter is not None else []
         self.requests: dict[int, EngineRequest] = {}
         self.waiting: list[int] = []
         self.batch: RoundBatch | None = None
-        self.records: list[EngineRoundRecord] = []
+        self.records: deque[EngineRoundRecord] = deque(maxlen=max_records)
         self._next_id = 0
+        self._queue_lock = threading.RLock()  # requests, waiting, ids: short critical sections, any thread
+        self._step_lock = threading.Lock()  # one step at a time
+        self._admitting: set[int] = set()  # taken from the queue, not yet in the batch
+        weight = target.get_input_embeddings().weight
+        self._target_kind = (weight.dtype, weight.device)
 
     @property
     def running(self) -> list[int]:
         """Request ids in the running batch, in batch order."""
-        return list(self.batch.rows) if self.batch is not None else []
+        batch = self.batch  # read once: another thread's step may replace it
+        return list(batch.rows) if batch is not None else []
 
     # ------------------------------------------------------------------ public API
     def add_request(self, prompt_ids: torch.Tensor | list[int], max_new_tokens: int = 128) -> int:
@@ -195,47 +216,126 @@ class DSparkEngine:
             raise ValueError(f"a request needs at least one prompt token and max_new_tokens >= 1 (an int), got "
                              f"max_new_tokens={max_new_tokens!r}")
         prompt = _prompt_tensor(prompt_ids, int(self.target.get_input_embeddings().num_embeddings))
-        rid = self._next_id
-        self._next_id += 1
-        self.requests[rid] = EngineRequest(rid, prompt, max_new_tokens, arrival=time.perf_counter())
-        self.waiting.append(rid)
+        with self._queue_lock:
+            rid = self._next_id
+            self._next_id += 1
+            self.requests[rid] = EngineRequest(rid, prompt, max_new_tokens, arrival=time.perf_counter())
+            self.waiting.append(rid)
         return rid
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        with self._queue_lock:
+            return bool(self.waiting or self.running)
 
     def result(self, request_id: int) -> EngineRequest:
-        """The request's state: `generated` tokens so far, `finished`, timings."""
-        if request_id not in self.requests:
-            raise KeyError(f"unknown request id {request_id!r}: add_request returns the ids this engine knows")
-        return self.requests[request_id]
+        """The request's state: `generated` tokens so far, `finished`, `error`, timings."""
+        with self._queue_lock:
+            if request_id not in self.requests:
+                raise KeyError(f"unknown request id {request_id!r}: add_request returns the ids this engine knows "
+                               "(take_finished forgets the requests it returns)")
+            return self.requests[request_id]
 
     def cancel(self, request_id: int) -> None:
-        """Finish a request now (waiting or running); its tokens so far stay in `result`."""
-        request = self.result(request_id)
-        request.finished, request.finished_at = True, time.perf_counter()
-        if request_id in self.waiting:
-            self.waiting.remove(request_id)
-        self._drop_finished()
+        """Finish a request now (waiting or running); its tokens so far stay in `result`. Safe during `step()` in
+        another thread: a running request leaves the batch when the round ends."""
+        with self._queue_lock:
+            request = self.result(request_id)
+            if not request.finished:
+                request.finished, request.finished_at = True, time.perf_counter()
+            request.cancelled = True
+            if request_id in self.waiting:
+                self.waiting.remove(request_id)
+        if self._step_lock.acquire(blocking=False):  # no round runs: leave the batch now
+            try:
+                self._drop_finished()
+            finally:
+                self._step_lock.release()
+
+    def take_finished(self) -> list[EngineRequest]:
+        """The finished requests (done, cancelled or failed), in id order, forgotten by the engine: a serving loop
+        calls this to release them (`result` then no longer knows their ids)."""
+        with self._queue_lock:
+            running = set(self.running) | self._admitting
+            done = [r for rid, r in sorted(self.requests.items()) if r.finished and rid not in running]
+            for request in done:
+                del self.requests[request.request_id]
+            return done
 
     @torch.no_grad()
     def step(self) -> list[tuple[int, list[int]]]:
-        """Admit waiting requests, run one round; returns (request_id, new tokens) for every request that gained."""
-        start = time.perf_counter()
-        events = self._admit()
-        self._drop_finished()  # a request can finish on its first token (EOS, max_new_tokens = 1)
-        if self.batch is not None:
-            events += self._round(start)
-        self._drop_finished()
+        """Admit waiting requests, run one round; returns (request_id, new tokens) for every request that gained.
+
+        If the round raises, its commits are undone, its requests go back to the front of the queue (prefilled
+        again at the next step) and the exception propagates; the engine stays usable."""
+        with self._step_lock:
+            self._check_target_unchanged()
+            if self.packs is not None:
+                self.packs.refresh(self.target)  # weights changed since the last step: repack them
+            start = time.perf_counter()
+            events = self._admit()
+            self._drop_finished()  # a request can finish on its first token (EOS, max_new_tokens = 1)
+            if self.batch is not None:
+                events += self._guarded_round(start)
+            self._drop_finished()
+            return events
+
+    def _check_target_unchanged(self) -> None:
+        weight = self.target.get_input_embeddings().weight
+        if (weight.dtype, weight.device) != self._target_kind:
+            dtype, device = self._target_kind
+            raise RuntimeError(f"the target moved from {dtype} on {device} to {weight.dtype} on {weight.device} "
+                               "after this DSparkEngine was built; its caches and drafter are in the old dtype and "
+                               "device: build a new DSparkEngine for the moved target (and re-bind the drafter).")
+
+    def _guarded_round(self, start: float) -> list[tuple[int, list[int]]]:
+        """`_round`, undone on an exception (`_requeue`)."""
+        batch = self.batch
+        before = {rid: len(self.requests[rid].generated) for rid in batch.rows}
+        try:
+            events = self._round(start)
+        except Exception as error:
+            self._requeue(batch, before, error)
+            raise
+        for rid in batch.rows:
+            self.requests[rid].failures = 0
         return events
+
+    def _requeue(self, batch: RoundBatch, before: dict[int, int], error: Exception) -> None:
+        """Every request of a failed round gets back the tokens it had before it and returns to the front of the
+        queue (the batch and its caches are dropped); one whose round failed twice in a row finishes with the error."""
+        self.batch = None
+        if isinstance(self.policy, VerificationPolicy):
+            self.policy.forget(list(batch.rows))
+        requeued = []
+        with self._queue_lock:
+            for rid, length in before.items():
+                request = self.requests[rid]
+                del request.generated[length:]
+                request.failures += 1
+                if request.cancelled:
+                    continue
+                if request.failures >= 2:
+                    request.finished, request.finished_at, request.error = True, time.perf_counter(), error
+                    continue
+                request.finished, request.finished_at = False, None
+                requeued.append(rid)
+            self.waiting = requeued + self.waiting
 
     # ------------------------------------------------------------------ admission (prefill)
     def _admit(self) -> list[tuple[int, list[int]]]:
         room = self.max_running - len(self.running)
-        new, self.waiting = self.waiting[:room], self.waiting[room:]
+        with self._queue_lock:
+            new, self.waiting = self.waiting[:room], self.waiting[room:]
+            self._admitting = set(new)
         if not new:
             return []
-        prompts = [self.requests[r].prompt_ids for r in new]
+        try:
+            return self._prefill(new)
+        finally:
+            self._admitting = set()
+
+    def _prefill(self, new: list[int]) -> list[tuple[int, list[int]]]:
+        prompts = [self.requests[r].history for r in new]  # a request sent back by a failed round: what it kept
         width = max(p.numel() for p in prompts)
         ids = torch.zeros(len(new), width, dtype=torch.long)
         mask = torch.zeros(len(new), width, dtype=torch.long)
@@ -245,11 +345,12 @@ class DSparkEngine:
         ids, mask = ids.to(device), mask.to(device)
         try:
             out = prefill_target(self.target, ids, mask, None, None, self.taps)  # sliding windows become masks
+            first = self._pick(self.processors.apply([], [], out.logits))
+            batch = self.kernel.start(new, first, out.target, out.features, out.valid)
         except Exception:
-            self.waiting = new + self.waiting  # nothing was admitted: the requests wait again
+            with self._queue_lock:
+                self.waiting = [r for r in new if not self.requests[r].finished] + self.waiting  # wait again
             raise
-        first = self._pick(self.processors.apply([], [], out.logits))
-        batch = self.kernel.start(new, first, out.target, out.features, out.valid)
         if self.batch is None:
             self.batch = batch
         else:
@@ -257,7 +358,8 @@ class DSparkEngine:
         now = time.perf_counter()
         events = []
         for rid, token in zip(new, first.tolist()):
-            self.requests[rid].admitted = now
+            if self.requests[rid].admitted is None:
+                self.requests[rid].admitted = now
             events.append((rid, self._commit(rid, [token])))
         return events
 
