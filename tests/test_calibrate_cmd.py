@@ -125,3 +125,48 @@ def test_calibrate_refuses_an_out_folder_holding_another_model(setup):
     with pytest.raises(ValueError, match=r"holds no hf-dspark drafter \(config.json model_type='llama'\)"):
         main(_args(setup, "--mode", "greedy", "--out", str(setup / "target")))
     assert {p.name: p.read_bytes() for p in (setup / "target").iterdir()} == before
+
+
+def test_calibrate_refuses_to_replace_another_drafter_before_loading_unless_overwrite(setup, monkeypatch):
+    from hf_dspark.cli import scheduling
+
+    other = setup / "other"
+    make_drafter(make_target("llama", seed=3), seed=9, block_size=GAMMA).save_pretrained(other)
+    before = {p.name: p.read_bytes() for p in other.iterdir()}
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the target was loaded before the refusal")
+
+    monkeypatch.setattr(scheduling, "load_target", no_load)
+    with pytest.raises(ValueError, match=r"holds another trained drafter.*--overwrite"):
+        main(_args(setup, "--mode", "greedy", "--out", str(other)))
+    assert {p.name: p.read_bytes() for p in other.iterdir()} == before
+    monkeypatch.undo()
+    assert main(_args(setup, "--mode", "greedy", "--out", str(other), "--overwrite")) == 0
+    weights = next(other.glob("*.safetensors")).read_bytes()
+    assert weights == next((setup / "drafter").glob("*.safetensors")).read_bytes()
+    assert main(_args(setup, "--mode", "sampling", "--out", str(other))) == 0  # the same drafter again: allowed
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_failing_write_leaves_the_out_folder_as_it_was(setup, monkeypatch, existing):
+    out = setup / "calibrated"
+    if existing:
+        assert main(_args(setup, "--mode", "greedy", "--out", str(out))) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if existing else None
+    real = DSparkDrafter.save_pretrained
+
+    def full_disk(self, folder, *args, **kwargs):
+        real(self, folder, *args, **kwargs)
+        for weights in __import__("pathlib").Path(folder).glob("*.safetensors"):
+            weights.unlink()  # config.json got written, the weights did not
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(DSparkDrafter, "save_pretrained", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        main(_args(setup, "--mode", "sampling", "--out", str(out)))
+    if existing:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    else:
+        assert not out.exists() or not any(out.iterdir())
+    assert not [p for p in setup.iterdir() if p.name.startswith(".calibrated")]  # no staging folder left behind

@@ -68,17 +68,21 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import torch
 
-    from ..eval.calibrate import CalibrationRun, run_calibration
+    from pathlib import Path
+
+    from ..eval.calibrate import CalibrationRun, check_calibration_out, is_same_folder, run_calibration
     from ..modeling_dspark import DSparkDrafter
 
     check_files(args.parser, "--prompts", args.prompts)
     check_drafter_path(args.parser, "--drafter", args.drafter)
+    out = Path(args.out or args.drafter)
+    check_calibration_out(out, is_same_folder(args.drafter, out), args.drafter, args.overwrite)  # before any load
     torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, args.dtype, device=args.device)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target)
     run = CalibrationRun(prompt_files=args.prompts, limit=args.limit, skip=args.skip, modes=args.mode,
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                         temperature=args.temperature, out=args.out or args.drafter)
+                         temperature=args.temperature, out=args.out or args.drafter, overwrite=args.overwrite)
     reports = run_calibration(run, target, tokenizer, drafter)
     for mode, report in reports.items():
         print(f"{mode}: {report.n_samples} rounds; T = {[round(t, 3) for t in report.temperatures]}")
@@ -141,4 +145,6 @@ def add_calibrate_command(sub) -> None:
     calibrate.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
     add_runtime_arguments(calibrate, threads=1, auto_dtype=False)
     calibrate.add_argument("--out", default=None, help="save the calibrated drafter here instead of in place")
+    calibrate.add_argument("--overwrite", action="store_true",
+                           help="let --out replace another trained drafter it holds (refused by default)")
     calibrate.set_defaults(func=cmd_calibrate, parser=calibrate)

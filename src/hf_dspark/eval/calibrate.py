@@ -13,7 +13,13 @@ and after STS. Use prompts the drafter was not trained on and that the speed ben
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +48,7 @@ class CalibrationRun:
     temperature: sampling temperature of the sampled rollouts (no top-k / top-p).
     out: folder the calibrated drafter, the sidecar and the PNGs are written to.
     n_bins: ECE bins; seed: torch seed for the sampled rollouts; progress: show a progress bar.
+    overwrite: let `out` replace another drafter it holds (its weights differ from the calibrated drafter's).
     """
 
     prompt_files: list[str] = field(default_factory=list)
@@ -55,6 +62,7 @@ class CalibrationRun:
     n_bins: int = 15
     seed: int = 0
     progress: bool = True
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         if not self.prompt_files:
@@ -151,14 +159,17 @@ def calibrate_mode(logits: torch.Tensor, survived: torch.Tensor, mode: str, run:
     return report
 
 
-def write_sidecar(path: Path, run: CalibrationRun, reports: dict[str, CalibrationReport]) -> None:
-    """Write `calibration.json` (merging the reports of modes not re-run from an existing sidecar)."""
+def write_sidecar(path: Path, run: CalibrationRun, reports: dict[str, CalibrationReport],
+                  previous: Path | None = None) -> None:
+    """Write `calibration.json` (merging the reports of modes not re-run from the existing sidecar `previous`,
+    default `path`)."""
+    previous = path if previous is None else previous
     payload = {"format_version": 1, "reports": {}}
-    if path.is_file():
+    if previous.is_file():
         try:
-            payload["reports"] = json.loads(path.read_text(encoding="utf-8")).get("reports", {})
+            payload["reports"] = json.loads(previous.read_text(encoding="utf-8")).get("reports", {})
         except (OSError, ValueError):
-            logger.warning(f"Overwriting unreadable {path}")
+            logger.warning(f"Overwriting unreadable {previous}")
     payload["reports"].update({mode: report.to_dict() for mode, report in reports.items()})
     payload["settings"] = {
         "prompt_files": list(run.prompt_files), "limit": run.limit, "skip": run.skip,
@@ -167,8 +178,27 @@ def write_sidecar(path: Path, run: CalibrationRun, reports: dict[str, Calibratio
     write_json_atomic(path, payload)
 
 
-def check_calibration_out(out: Path, same_folder: bool) -> None:
-    """Refuse an `out` folder that holds something other than an hf-dspark drafter (it would be overwritten)."""
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
+
+
+def _weights_digest(folder: Path) -> str | None:
+    """sha256 over a drafter folder's weight files (names and bytes), or None when it holds none."""
+    files = sorted(p for pattern in WEIGHT_PATTERNS for p in folder.glob(pattern) if p.is_file())
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode())
+        with path.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_calibration_out(out: Path, same_folder: bool, source: str | os.PathLike | None = None,
+                          overwrite: bool = False) -> None:
+    """Refuse an `out` folder whose contents calibrate would destroy: anything but an hf-dspark drafter, or
+    (without `overwrite`) a drafter other than the one calibrated (`source`: its weight files differ)."""
     if same_folder or not out.exists():
         return
     if not out.is_dir():
@@ -185,10 +215,46 @@ def check_calibration_out(out: Path, same_folder: bool) -> None:
             f"--out {out} is not empty and holds no hf-dspark drafter (config.json model_type={model_type!r}); "
             "calibrate would overwrite its config.json and weights. Choose a new folder."
         )
+    held = _weights_digest(out)
+    source_folder = Path(source) if source is not None else None
+    same_weights = source_folder is not None and source_folder.is_dir() and held == _weights_digest(source_folder)
+    if model_type == "dspark" and held is not None and not same_weights and not overwrite:
+        raise ValueError(
+            f"--out {out} holds another trained drafter (its weights differ from {source}); calibrate would replace "
+            "it. Choose a new folder, or pass --overwrite to replace it."
+        )
 
 
-def _save_in_place(drafter, out: Path) -> None:
-    """Write only the temperatures next to the drafter's unchanged weights: config.json (atomically, keeping the
+@contextmanager
+def staging_folder(out: Path) -> Iterator[Path]:
+    """A temporary folder beside `out` (same file system) that `publish` moves into `out`; removed afterwards,
+    so a failed write (a full disk) leaves `out` as it was."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.calibrate-", dir=out.parent))
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def publish(stage: Path, out: Path) -> None:
+    """Move every file of `stage` into `out` by rename (no new data is written, so no partial files), weights
+    first and config.json last; weight files of a replaced drafter that the new one does not have are removed
+    once the new ones are in place (an old shard index would otherwise win at load time)."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = sorted(stage.iterdir(), key=lambda p: (p.name == "config.json", p.name))
+    new_weights = {p.name for pattern in WEIGHT_PATTERNS for p in stage.glob(pattern)}
+    for path in files:
+        os.replace(path, out / path.name)
+    if new_weights:
+        for pattern in WEIGHT_PATTERNS:
+            for old in out.glob(pattern):
+                if old.name not in new_weights:
+                    old.unlink()
+
+
+def _save_in_place(drafter, out: Path, stage: Path) -> None:
+    """Write only the temperatures next to the drafter's unchanged weights: config.json (into `stage`, keeping the
     stored weights' dtype) for a native folder; for a DeepSpec / DFlash folder the `calibration.json` sidecar,
     which their loaders read, carries them and config.json is left as it is."""
     from ..interop.loading import detect_layout
@@ -200,28 +266,37 @@ def _save_in_place(drafter, out: Path) -> None:
     stored_dtype = json.loads((out / "config.json").read_text(encoding="utf-8")).get("dtype")
     if isinstance(stored_dtype, str) and hasattr(torch, stored_dtype):
         config.dtype = getattr(torch, stored_dtype)
-    write_text_atomic(out / "config.json", config.to_json_string(use_diff=True))
+    write_text_atomic(stage / "config.json", config.to_json_string(use_diff=True))
 
 
 def run_calibration(run: CalibrationRun, target, tokenizer, drafter) -> dict[str, CalibrationReport]:
-    """Collect rollouts, fit STS per mode, and save drafter config (+ weights), sidecar and PNGs to `run.out`."""
+    """Collect rollouts, fit STS per mode, and save drafter config (+ weights), sidecar and PNGs to `run.out`.
+
+    Everything is written into a staging folder first and moved into `run.out` by rename once complete, so a
+    failure (a full disk) leaves `run.out` as it was."""
     if drafter.confidence_head is None:
         raise ValueError("this drafter has no confidence head (use_confidence_head=False): nothing to calibrate")
     out = Path(run.out)
     source = str(getattr(drafter, "name_or_path", "") or "")
-    same_folder = bool(source) and Path(source).resolve() == out.resolve() and any(out.glob("*.safetensors"))
-    check_calibration_out(out, same_folder)
-    out.mkdir(parents=True, exist_ok=True)
+    same_folder = is_same_folder(source, out)
+    check_calibration_out(out, same_folder, source or None, run.overwrite)
     prompts = encode_prompts(tokenizer, run)
     reports = {}
-    for mode in run.mode_list:
-        logits, survived = collect_rollouts(target, drafter, prompts, mode, run)
-        reports[mode] = calibrate_mode(logits, survived, mode, run, out)
-        set_calibration(drafter.config, mode, reports[mode])
-        logger.info(f"{mode}: {logits.shape[0]} rounds, T = {reports[mode].temperatures}")
-    if same_folder:
-        _save_in_place(drafter, out)
-    else:
-        drafter.save_pretrained(out)
-    write_sidecar(out / SIDECAR, run, reports)
+    with staging_folder(out) as stage:
+        for mode in run.mode_list:
+            logits, survived = collect_rollouts(target, drafter, prompts, mode, run)
+            reports[mode] = calibrate_mode(logits, survived, mode, run, stage)
+            set_calibration(drafter.config, mode, reports[mode])
+            logger.info(f"{mode}: {logits.shape[0]} rounds, T = {reports[mode].temperatures}")
+        if same_folder:
+            _save_in_place(drafter, out, stage)
+        else:
+            drafter.save_pretrained(stage)
+        write_sidecar(stage / SIDECAR, run, reports, previous=out / SIDECAR)
+        publish(stage, out)
     return reports
+
+
+def is_same_folder(source: str | os.PathLike | None, out: Path) -> bool:
+    """Whether `out` is the drafter folder `source` itself (calibration in place: only config and sidecar)."""
+    return bool(source) and Path(source).resolve() == out.resolve() and any(out.glob("*.safetensors"))
