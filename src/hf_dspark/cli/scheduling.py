@@ -66,9 +66,9 @@ def _check_profile_outputs(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    import torch
-
     from pathlib import Path
+
+    import torch
 
     from ..eval.calibrate import CalibrationRun, check_calibration_out, is_same_folder, run_calibration
     from ..modeling_dspark import DSparkDrafter
