@@ -125,6 +125,23 @@ def test_an_empty_or_malformed_prompt_file_is_refused_before_any_model_loads(tmp
         _config([str(tmp_path / "bad.jsonl")], tmp_path)
 
 
+def test_a_byte_order_mark_is_accepted_and_a_lone_surrogate_is_refused_at_the_file_check(tmp_path):
+    from hf_dspark.eval.prompts import load_prompt_set
+
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + '{"turns": ["caf\u00e9"]}\n{"turns": ["two"]}\n'.encode())
+    assert [item["turns"] for item in load_prompt_set(bom)] == [["caf\u00e9"], ["two"]]
+    _config([str(bom)], tmp_path)  # the eval config's file check passes
+    lone = tmp_path / "surrogate.jsonl"
+    lone.write_text('{"turns": ["fine"]}\n{"turns": ["ok", "bad \\ud800 text"]}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"surrogate.jsonl:2: turn 1 is not valid Unicode text"):
+        _config([str(lone)], tmp_path)
+    latin = tmp_path / "latin1.jsonl"
+    latin.write_bytes('{"turns": ["caf\u00e9"]}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1.jsonl is not UTF-8 text"):
+        load_prompt_set(latin)
+
+
 def test_out_may_not_be_a_folder(prompt_sets, tmp_path):
     with pytest.raises(ValueError, match=r"is a folder; give the report's file path"):
         _config(prompt_sets, tmp_path, out=str(tmp_path), overwrite=True)

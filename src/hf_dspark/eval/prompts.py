@@ -48,22 +48,41 @@ def check_output_path(out: str | Path, inputs: list[str], what: str = "--out") -
                              "path.")
 
 
+def _unencodable_turn(turns: list[str]) -> int | None:
+    """Index of the first turn that is not valid Unicode text (a lone surrogate, as JSON's `"\\ud800"` gives),
+    which no tokenizer can encode; None when every turn is."""
+    for index, turn in enumerate(turns):
+        try:
+            turn.encode("utf-8")
+        except UnicodeEncodeError:
+            return index
+    return None
+
+
 def load_prompt_set(path: str | Path) -> list[dict]:
-    """Read a JSONL prompt set; every line must be an object with a non-empty list `turns` of strings, and there must
-    be at least one."""
+    """Read a JSONL prompt set (UTF-8, a leading byte-order mark allowed); every line must be an object with a
+    non-empty list `turns` of strings that are valid Unicode text, and there must be at least one."""
     items = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{number} is not valid JSON ({err})") from err
-            turns = item.get("turns") if isinstance(item, dict) else None
-            if not turns or not all(isinstance(t, str) for t in turns):
-                raise ValueError(f'{path}:{number} needs a non-empty "turns" list of strings')
-            items.append(item)
+    with open(path, encoding="utf-8-sig") as handle:
+        try:
+            lines = list(handle)
+        except UnicodeDecodeError as err:
+            raise ValueError(f"prompt file {path} is not UTF-8 text ({err}); save it as UTF-8") from err
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number} is not valid JSON ({err})") from err
+        turns = item.get("turns") if isinstance(item, dict) else None
+        if not turns or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f'{path}:{number} needs a non-empty "turns" list of strings')
+        bad = _unencodable_turn(turns)
+        if bad is not None:
+            raise ValueError(f"{path}:{number}: turn {bad} is not valid Unicode text (an unpaired surrogate escape "
+                             "such as \\ud800, which no tokenizer can encode); fix or drop that line")
+        items.append(item)
     if not items:
         raise ValueError(f"prompt file {path} holds no prompts (one {{\"turns\": [...]}} object per line expected)")
     return items
