@@ -93,7 +93,7 @@ class DSparkTrainingArguments(TrainingArguments):
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns=True would drop the DSpark batch keys; leave it False.")
         if self.loss_decay is not None and not self.loss_decay > 0:
-            raise ValueError(f"loss_decay (the position-decay constant c) must be > 0 or unset, got {self.loss_decay}.")
+            raise ValueError(f"loss_decay (the position-decay constant c) must be > 0 or unset, got {self.loss_decay}")
         if self.stop_after_steps is not None and self.stop_after_steps < 1:
             raise ValueError(f"stop_after_steps must be >= 1 (or unset), got {self.stop_after_steps}.")
         super().__post_init__()
