@@ -252,8 +252,8 @@ def dspark_loss(
     draft vocabulary pass the positions whose gold token exists, so positions the drafter cannot get right still
     count as rejections); confidence_logits: `[..., γ]` or `None`; alpha: (α_ce, α_tv, α_conf); weights: `[γ]`
     (default w_k of Eq. 11 with the decay constant `decay`, γ when None); alpha_kd: weight of the distillation
-    term `kd_loss` added to Eq. (14) (0: the paper's objective, and L_kd is not computed). p_draft and p_target are both at temperature 1, the label the confidence
-    head learns.
+    term `kd_loss` added to Eq. (14) (0: the paper's objective, and L_kd is not computed). p_draft and p_target
+    are both at temperature 1, the label the confidence head learns.
     """
     gamma = labels.shape[-1]
     if draft_logits.shape[:-1] != labels.shape or p_target.shape != draft_logits.shape:
