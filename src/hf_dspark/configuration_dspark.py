@@ -12,7 +12,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 HEAD_TYPES = ("markov", "rnn", "none")
-SOURCE_LAYOUTS = ("native", "deepspec", "dflash")
+SOURCE_LAYOUTS = ("native", "deepspec", "dflash", "speculators")
 
 # Tap id of the embedding output (hidden_states[0]), as DeepSpec spells it; decoder layer i is hidden_states[i + 1].
 EMBEDDING_TAP = -1
@@ -100,7 +100,8 @@ class DSparkConfig(PreTrainedConfig):
             `block_size` counts slots: γ + 1). `False` is only accepted with `source_layout` "dflash" or
             "deepspec" (checkpoints trained elsewhere). Always recorded for serving engines.
         source_layout (`str`, defaults to `"native"`):
-            Layout the weights were first read from: "native" (trained here), "deepspec" or "dflash".
+            Layout the weights were first read from: "native" (trained here), "deepspec", "dflash" or
+            "speculators".
         hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps,
         hidden_act, rope_parameters, max_position_embeddings, attention_bias, use_qk_norm, vocab_size:
             Target-shape fields the drafter layers copy.
