@@ -58,6 +58,7 @@ def test_from_target_families(make, qk_norm, multiplier):
     [
         ({"target_layer_ids": [1, 4]}, "last layer"),
         ({"target_layer_ids": [9]}, "outside"),
+        ({"target_layer_ids": [-2, 1]}, "-1, the embedding output"),
         ({"block_size": 0}, "block_size"),
         ({"markov_rank": 0}, "markov_rank"),
         ({"head_type": "lstm"}, "head_type"),
@@ -92,3 +93,14 @@ def test_greedy_temperatures_fall_back_to_sampling():
     assert config.temperatures_for(greedy=True) == [1.0, 2.0, 3.0]
     config.calibration_temperatures_greedy = [0.5, 0.5, 0.5]
     assert config.temperatures_for(greedy=True) == [0.5, 0.5, 0.5]
+
+
+def test_the_embedding_output_can_be_tapped():
+    """DeepSpec's tap -1 is the embedding output; the drafter then reads hidden_states[0]."""
+    from types import SimpleNamespace
+
+    from hf_dspark.generation.drafting import feature_layers
+
+    config = DSparkConfig.from_target(tiny_llama_config(), target_layer_ids=[-1, 1])
+    assert config.target_layer_ids == [-1, 1]
+    assert feature_layers(SimpleNamespace(config=config)) == [0, 2]

@@ -32,6 +32,25 @@ def test_position_weights_match_formula():
     torch.testing.assert_close(position_weights(gamma), expected)
 
 
+def test_position_weights_take_a_decay_constant():
+    """DeepSpec weighs position k by exp(-(k-1)/4) for every block size; the default constant is γ."""
+    expected = torch.tensor([math.exp(-(k - 1) / 4.0) for k in range(1, 8)])
+    torch.testing.assert_close(position_weights(7, decay=4.0), expected)
+    assert not torch.allclose(position_weights(7, decay=4.0), position_weights(7))
+    with pytest.raises(ValueError, match="decay constant"):
+        position_weights(7, decay=0.0)
+
+
+def test_the_loss_uses_the_decay_constant():
+    logits, labels = _logits(2, 7, 11), torch.randint(0, 11, (2, 7))
+    target = _logits(2, 7, 11, seed=1).softmax(-1)
+    ours = dspark_loss(logits, target, labels, alpha=(0.1, 0.9, 1.0))
+    deepspec = dspark_loss(logits, target, labels, alpha=(0.1, 0.9, 1.0), decay=4.0)
+    explicit = dspark_loss(logits, target, labels, alpha=(0.1, 0.9, 1.0), weights=position_weights(7, decay=4.0))
+    torch.testing.assert_close(deepspec.loss, explicit.loss)
+    assert not torch.allclose(ours.loss, deepspec.loss)
+
+
 def test_equal_distributions_give_zero_tv_and_full_acceptance():
     logits = _logits(2, 3, 4, 11)
     labels = torch.randint(0, 11, (2, 3, 4))

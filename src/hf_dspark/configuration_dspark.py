@@ -12,7 +12,10 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 HEAD_TYPES = ("markov", "rnn", "none")
-SOURCE_LAYOUTS = ("native", "deepspec", "dflash")
+SOURCE_LAYOUTS = ("native", "deepspec", "dflash", "speculators")
+
+# Tap id of the embedding output (hidden_states[0]), as DeepSpec spells it; decoder layer i is hidden_states[i + 1].
+EMBEDDING_TAP = -1
 
 # Families whose decoder layers carry per-head RMSNorms on queries and keys.
 _QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2", "olmo3")
@@ -64,8 +67,9 @@ class DSparkConfig(PreTrainedConfig):
         num_hidden_layers (`int`, defaults to 2):
             Number of drafter decoder layers.
         target_layer_ids (`list[int]`, *optional*):
-            0-based indices of the target decoder layers whose outputs form the context features (Eq. 2).
-            Defaults to 5 evenly spaced layers from 1 to L-3. The last layer may not be tapped.
+            0-based indices of the target decoder layers whose outputs form the context features (Eq. 2);
+            -1 taps the embedding output (`hidden_states[0]`, as DeepSpec spells it). Defaults to 5 evenly spaced
+            layers from 1 to L-3. The last layer may not be tapped.
         num_target_layers (`int`):
             Number of decoder layers of the target (L).
         head_type (`str`, defaults to `"markov"`):
@@ -96,7 +100,8 @@ class DSparkConfig(PreTrainedConfig):
             `block_size` counts slots: γ + 1). `False` is only accepted with `source_layout` "dflash" or
             "deepspec" (checkpoints trained elsewhere). Always recorded for serving engines.
         source_layout (`str`, defaults to `"native"`):
-            Layout the weights were first read from: "native" (trained here), "deepspec" or "dflash".
+            Layout the weights were first read from: "native" (trained here), "deepspec", "dflash" or
+            "speculators".
         hidden_size, num_attention_heads, num_key_value_heads, head_dim, intermediate_size, rms_norm_eps,
         hidden_act, rope_parameters, max_position_embeddings, attention_bias, use_qk_norm, vocab_size:
             Target-shape fields the drafter layers copy.
@@ -248,9 +253,10 @@ class DSparkConfig(PreTrainedConfig):
             raise ValueError(f"target_layer_ids has duplicates: {self.target_layer_ids}.")
         last = self.num_target_layers - 1
         for layer in self.target_layer_ids:
-            if layer < 0 or layer > last:
+            if layer < EMBEDDING_TAP or layer > last:
                 raise ValueError(
-                    f"target_layer_ids contains {layer}, outside the target's layers 0..{last}."
+                    f"target_layer_ids contains {layer}, outside the target's layers 0..{last} (or -1, the "
+                    "embedding output)."
                 )
         if last in self.target_layer_ids:
             raise ValueError(

@@ -78,10 +78,16 @@ def prefix_survival(confidence: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(confidence.clamp(0.0, 1.0), dim=-1)
 
 
-def position_weights(block_size: int, device: torch.device | None = None, dtype=torch.float32) -> torch.Tensor:
-    """Loss weights w_k = exp(−(k−1)/γ) for k = 1..γ (Eqs. 11-13). Returns `[γ]`."""
+def position_weights(
+    block_size: int, device: torch.device | None = None, dtype=torch.float32, decay: float | None = None
+) -> torch.Tensor:
+    """Loss weights w_k = exp(−(k−1)/c) for k = 1..γ (Eqs. 11-13), with the decay constant c = γ by default
+    (`decay` sets another c; DeepSpec's recipes use c = 4 for every block size). Returns `[γ]`."""
+    constant = float(block_size if decay is None else decay)
+    if not constant > 0:
+        raise ValueError(f"the position-decay constant must be > 0, got {decay!r}.")
     k = torch.arange(block_size, device=device, dtype=dtype)
-    return torch.exp(-k / block_size)
+    return torch.exp(-k / constant)
 
 
 def expected_accepted_length(survival: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:

@@ -240,6 +240,7 @@ def dspark_loss(
     weights: torch.Tensor | None = None,
     valid: torch.Tensor | None = None,
     alpha_kd: float = 0.0,
+    decay: float | None = None,
 ) -> DSparkLossOutput:
     """Eq. (14) with its parts (Eqs. 11-13) and metrics, from teacher-forced drafter logits and target probabilities.
 
@@ -250,9 +251,9 @@ def dspark_loss(
     valid: bool `[..., γ]` positions that count for Eqs. 12-13 and the metrics (default: labels != IGNORE_INDEX; with a
     draft vocabulary pass the positions whose gold token exists, so positions the drafter cannot get right still
     count as rejections); confidence_logits: `[..., γ]` or `None`; alpha: (α_ce, α_tv, α_conf); weights: `[γ]`
-    (default w_k of Eq. 11); alpha_kd: weight of the distillation term `kd_loss` added to Eq. (14) (0: the paper's
-    objective, and L_kd is not computed). p_draft and p_target are both at temperature 1, the label the confidence
-    head learns.
+    (default w_k of Eq. 11 with the decay constant `decay`, γ when None); alpha_kd: weight of the distillation
+    term `kd_loss` added to Eq. (14) (0: the paper's objective, and L_kd is not computed). p_draft and p_target
+    are both at temperature 1, the label the confidence head learns.
     """
     gamma = labels.shape[-1]
     if draft_logits.shape[:-1] != labels.shape or p_target.shape != draft_logits.shape:
@@ -261,7 +262,7 @@ def dspark_loss(
             f"labels {tuple(labels.shape)}; expected [..., γ, V_d], [..., γ, V_d], [..., γ]."
         )
     if weights is None:
-        weights = position_weights(gamma, device=labels.device)
+        weights = position_weights(gamma, device=labels.device, decay=decay)
     ce_mask = labels.ne(IGNORE_INDEX)
     mask = ce_mask if valid is None else valid.bool()
     log_p_draft = torch.log_softmax(draft_logits.float(), dim=-1)

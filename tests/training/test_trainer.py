@@ -56,6 +56,21 @@ def test_distillation_term_is_trained_and_logged(tmp_path, tiny_target):
     assert len(kd) == 3 and all(value > 0 for value in kd)
 
 
+def test_the_position_decay_constant_reaches_the_loss(tmp_path, tiny_target):
+    """`loss_decay` (DeepSpec: 4.0) changes the training loss from the default exp(-(k-1)/γ) weighting."""
+    data = build_dataset(tokenized_records(4))
+    gamma = make_tiny_drafter(tiny_target).config.block_size
+    losses = []
+    for decay in (None, float(gamma), 1.0):
+        trainer = DSparkTrainer(model=make_tiny_drafter(tiny_target), args=_args(tmp_path, max_steps=1,
+                                loss_decay=decay), target=tiny_target, train_dataset=data)
+        trainer.train()
+        losses.append(trainer.state.log_history[0]["loss"])
+    assert losses[0] == losses[1] != losses[2]
+    with pytest.raises(ValueError, match="loss_decay"):
+        _args(tmp_path, loss_decay=0.0)
+
+
 def test_save_model_writes_drafter_only_and_reloads(tmp_path, tiny_target, tiny_drafter):
     trainer = DSparkTrainer(model=tiny_drafter, args=_args(tmp_path, max_steps=1), target=tiny_target,
                             train_dataset=build_dataset(tokenized_records(4)))

@@ -12,6 +12,10 @@ output of slot k (`[:, 1 - block_size:]`), so slot 0 drafts nothing and a round 
 Context features are the outputs of decoder layers `target_layer_ids` (`hidden_states[i + 1]`), projected by
 `hidden_norm(fc(.))`, and every draft layer attends bidirectionally to [context ‖ block]. The loaded drafter keeps
 that convention (`sample_from_anchor=False`, `block_size` = γ): its weights are not reinterpreted as anchor-first.
+
+Newer DFlash checkpoints trained anchor-first (DeepSpec's DFlash-1, DFlash2 exports) say so with a layout flag
+(`dflash_config.query_zero_predicts_next: true`, `sample_from_anchor: true`, ...; interop/layout_flags.py); their
+`block_size` then counts γ slots that all draft. Conflicting flags are refused unless `assume_layout` decides.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..configuration_dspark import DSparkConfig
+from .layout_flags import resolve_layout
 from .layouts import check_full_attention, nested, read_calibration, shape_fields
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
@@ -50,8 +55,10 @@ def _refuse_unsupported(raw: dict[str, Any], config_file: Path) -> None:
         )
 
 
-def config_from_dflash(raw: dict[str, Any], config_file: Path, use_qk_norm: bool) -> DSparkConfig:
-    """A `DSparkConfig` (DFlash block convention) from a z-lab DFlash `config.json` dict."""
+def config_from_dflash(raw: dict[str, Any], config_file: Path, use_qk_norm: bool,
+                       assume_layout: str | None = None) -> DSparkConfig:
+    """A `DSparkConfig` from a z-lab DFlash `config.json` dict (anchor + γ masks unless a layout flag says
+    anchor-first)."""
     _refuse_unsupported(raw, config_file)
     check_full_attention(raw, config_file)
     layer_ids = nested(raw, "target_layer_ids")
@@ -61,12 +68,13 @@ def config_from_dflash(raw: dict[str, Any], config_file: Path, use_qk_norm: bool
             f"{config_file} lacks dflash_config.target_layer_ids or dflash_config.mask_token_id "
             f"(found {raw.get('dflash_config')!r}); both are needed to run a DFlash drafter."
         )
+    sample_from_anchor = resolve_layout(raw, config_file, False, "z-lab DFlash", assume_layout)
     slots = int(nested(raw, "block_size", Z_LAB_DEFAULT_BLOCK_SIZE))
-    if slots < 2:
+    gamma = slots if sample_from_anchor else slots - 1
+    if gamma < 1:
         raise ValueError(f"{config_file}: DFlash block_size {slots} leaves no draft slot (needs >= 2).")
     fields = shape_fields(raw, config_file, use_qk_norm)
     fields["embedding_multiplier"] = float(nested(raw, "input_embedding_scale", 1.0))  # z-lab: raw rows × scale
-    gamma = slots - 1
     return DSparkConfig(
         block_size=gamma,
         target_layer_ids=[int(i) for i in layer_ids],
@@ -74,7 +82,7 @@ def config_from_dflash(raw: dict[str, Any], config_file: Path, use_qk_norm: bool
         head_type="none",
         use_confidence_head=False,
         confidence_with_markov=False,
-        sample_from_anchor=False,
+        sample_from_anchor=sample_from_anchor,
         source_layout="dflash",
         **read_calibration(config_file.parent, gamma),
         **fields,

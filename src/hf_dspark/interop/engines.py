@@ -1,139 +1,99 @@
-"""What serving engines accept, and the launch snippet written next to an exported drafter.
-
-Sources read (July-October 2026 snapshots; flags change quickly, re-check against the version you deploy):
-
-- vLLM, `main` branch: `vllm/config/speculative.py` (commit 002e77c1: `method="dspark"`, `num_speculative_tokens`,
-  `draft_sample_method` greedy|probabilistic, `enable_adaptive_verification` "currently only supported for
-  method='dspark'"), `vllm/model_executor/models/qwen3_dspark.py` (commit 0302ff40: `Qwen3DSparkModel` = DFlash
-  Qwen3 backbone + vanilla Markov head `markov_w1`/`markov_w2` + confidence head; `embed_tokens`/`lm_head` optional,
-  shared from the target; `mask_embedding` ignored) and `vllm/v1/spec_decode/dspark.py` (commit 26a86f53: anchor-first
-  block of `num_speculative_tokens` slots, fixed-width verification). Registry names seen: `Qwen3DSparkModel`,
-  `DSparkDraftModel` (DeepSeek-V4), `K3DSparkModel`.
-- SGLang: `--speculative-algorithm DSPARK`, `--speculative-draft-model-path`, `--speculative-dspark-block-size`,
-  from the v0.5.16 release notes and several public launch scripts; sglang's `server_args.py` itself was not read.
-- TensorRT-LLM: `tensorrt_llm.llmapi.DSparkDecodingConfig` reference pages for 1.3.0rc27, 1.4.0rc1 and 1.4.0rc4
-  (`max_draft_len`, `speculative_model`, `mask_token_id`, `target_layer_ids`, `block_size`, `markov_rank`,
-  `markov_head_type` in vanilla|gated|rnn; 1.4.0rc4 adds `enable_confidence_scheduling`,
-  `confidence_cost_table_path`, `confidence_calibration_path`, whose file formats those pages do not give).
+"""The launch README written next to an engine export: γ as a launch requirement, the launch lines, what the engine
+does instead of reading our sidecars, and the engine files the export was checked against (interop/contracts.py).
 """
 
 from __future__ import annotations
 
 from ..configuration_dspark import DSparkConfig
-from .deepspec import family_architecture
-
-VLLM_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel", "K3DSparkModel")
-
-
-def engine_warnings(config: DSparkConfig) -> list[str]:
-    """One line per setting a serving engine is known (or likely) not to serve as this drafter computes it."""
-    warnings = []
-    arch = family_architecture(config.target_model_type)
-    if config.head_type == "rnn":
-        warnings.append(
-            "vLLM: the RNN sequential head is not supported (Qwen3DSparkModel loads only the vanilla Markov head "
-            "markov_w1/markov_w2, no joint_proj); TensorRT-LLM's DSparkDecodingConfig lists markov_head_type 'rnn'."
-        )
-    if config.head_type == "none":
-        warnings.append(
-            "vLLM/SGLang/TensorRT-LLM: this drafter has no Markov head (a DFlash-style parallel drafter); the "
-            "engines' DSpark paths build a Markov head from markov_rank, which is 0 here. Serve it with the "
-            "engine's DFlash method instead (not checked by this exporter)."
-        )
-    if config.mask_token_id is None:
-        warnings.append(
-            "all engines: the drafter learned its own mask embedding (mask_token_id is None); engines fill mask "
-            "slots with a vocabulary row (vLLM drops mask_embedding, TensorRT-LLM takes a mask_token_id), so they "
-            "cannot serve it as trained. Retrain with a spare token as mask_token_id."
-        )
-    if not config.sample_from_anchor:
-        warnings.append(
-            "vLLM: the dspark proposer builds anchor-first blocks; this drafter uses the DFlash convention "
-            "(sample_from_anchor=false, γ + 1 slots) and would be mis-served there. SGLang/TensorRT-LLM: not checked."
-        )
-    if arch not in VLLM_ARCHITECTURES:
-        relabel = "" if config.use_qk_norm else (
-            "; its layers lack the q/k RMSNorms of Qwen3 layers, so relabelling it Qwen3DSparkModel changes "
-            "its outputs"
-        )
-        warnings.append(
-            f"vLLM: no {arch} in the model registry (it has {', '.join(VLLM_ARCHITECTURES)}){relabel}; serving it "
-            "needs an engine that implements this family's DSpark draft layers."
-        )
-    return warnings
+from .contracts import HEAD_NAMES, EngineContract, get_contract
+from .layout_flags import layout_name
 
 
-def _header(config: DSparkConfig, out_name: str, warnings: list[str]) -> list[str]:
-    head = {"markov": "vanilla Markov", "rnn": "RNN", "none": "none"}[config.head_type]
-    lines = [
-        f"# DSpark drafter `{out_name}` (DeepSpec / serving-engine layout)",
-        "",
-        f"Exported by hf-dspark. γ = {config.block_size} drafts per round; `block_size` in config.json = "
-        f"{config.num_block_slots}; `sample_from_anchor` = {str(config.sample_from_anchor).lower()}; taps "
-        f"{config.target_layer_ids} of a {config.num_target_layers}-layer `{config.target_model_type}` target; "
-        f"sequential head: {head} (rank {config.markov_rank if config.head_type != 'none' else 0}); confidence head: "
-        f"{'yes' if config.use_confidence_head else 'no'}; mask_token_id = {config.mask_token_id}.",
-        "",
-        "Files: `config.json`, `model.safetensors` (with copies of the target's `embed_tokens.weight` and "
-        "`lm_head.weight`), `calibration.json` (STS temperatures: `sampling`, `greedy`; c_k = σ(z_k / T_k)) and, "
-        "when profiled, `step_curve.json` (SPS(B) of the target on the machine that profiled it; re-profile on the "
-        "serving GPU, a CPU curve does not transfer).",
-        "",
-    ]
-    if warnings:
-        lines += ["## Warnings", ""] + [f"- WARNING {w}" for w in warnings] + [""]
-    return lines
-
-
-def readme_snippet(config: DSparkConfig, out_name: str = "OUT", target: str = "TARGET") -> str:
-    """Markdown with vLLM, SGLang and TensorRT-LLM launch settings for an exported folder, warnings first."""
+def _launch(config: DSparkConfig, contract: EngineContract, out_name: str, target: str) -> list[str]:
     gamma = config.block_size
-    lines = _header(config, out_name, engine_warnings(config))
-    lines += [
-        "## vLLM",
-        "",
-        "Checked against vLLM `main` (mid 2026: `vllm/config/speculative.py`, `model_executor/models/"
-        "qwen3_dspark.py`); third-party notes report `method: dspark` from vLLM 0.26.0 on.",
-        "",
+    dflash = not config.sample_from_anchor
+    if contract.name in ("vllm", "speculators"):
+        method = "dflash" if dflash and contract.name == "vllm" else "dspark"
+        return [
+            "```bash",
+            f"vllm serve {target} \\",
+            f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{out_name}\", "
+            f"\"num_speculative_tokens\": {gamma}, \"draft_sample_method\": \"probabilistic\"}}'",
+            "```",
+            "",
+            "`draft_sample_method: probabilistic` samples drafts from p_draft and uses it in rejection sampling "
+            "(`greedy`, vLLM's default, treats drafts as one-hot).",
+        ]
+    if contract.name == "sglang":
+        algorithm = "DFLASH" if dflash else "DSPARK"
+        return [
+            "```bash",
+            f"SGLANG_ENABLE_SPEC_V2=1 python -m sglang.launch_server --model-path {target} \\",
+            f"  --speculative-algorithm {algorithm} --speculative-draft-model-path {out_name} \\",
+            f"  --speculative-num-draft-tokens {gamma} --speculative-eagle-topk 1",
+            "```",
+        ]
+    return [
         "```bash",
-        f"vllm serve {target} \\",
-        f"  --speculative-config '{{\"method\": \"dspark\", \"model\": \"{out_name}\", "
-        f"\"num_speculative_tokens\": {gamma}, \"draft_sample_method\": \"probabilistic\"}}'",
+        f"python eval.py  # with the draft model path set to {out_name} and the target to {target}",
         "```",
         "",
-        "`draft_sample_method: probabilistic` samples drafts from p_draft and uses it in rejection sampling "
-        "(`greedy`, the default, treats drafts as one-hot). `\"enable_adaptive_verification\": true` sizes the verify "
-        "budget from the confidences (dspark only); whether vLLM reads `calibration.json` / `step_curve.json` was not "
-        "found in the code read.",
+        "DeepSpec's `eval.py` dispatches on `architectures[0]` (`Qwen3DSparkModel`).",
+    ]
+
+
+def _summary(config: DSparkConfig, contract: EngineContract, out_name: str, dtype: str) -> list[str]:
+    vocab = (f"a {config.draft_vocab_size}-token draft vocabulary (pruned `lm_head [{config.draft_vocab_size}, "
+             f"{config.hidden_size}]` plus `d2t`)" if config.draft_vocab_size else "the full vocabulary")
+    return [
+        f"# DSpark drafter `{out_name}` for {contract.title}",
         "",
-        "## SGLang",
-        "",
-        "From the SGLang v0.5.16 release notes and public launch scripts (sglang's `server_args.py` not read):",
-        "",
-        "```bash",
-        f"python -m sglang.launch_server --model-path {target} \\",
-        f"  --speculative-algorithm DSPARK --speculative-draft-model-path {out_name} \\",
-        f"  --speculative-dspark-block-size {gamma}",
-        "```",
-        "",
-        "A `--speculative-dspark-confidence-sts-path` flag for STS temperatures appears in one third-party script "
-        "only; its expected file format is unknown here, so it is not used above.",
-        "",
-        "## TensorRT-LLM",
-        "",
-        "From the `DSparkDecodingConfig` reference (TensorRT-LLM 1.3.0rc27 - 1.4.0rc4), LLM API:",
-        "",
-        "```python",
-        "from tensorrt_llm import LLM",
-        "from tensorrt_llm.llmapi import DSparkDecodingConfig",
-        "",
-        f'spec = DSparkDecodingConfig(max_draft_len={gamma}, speculative_model="{out_name}")',
-        f'llm = LLM(model="{target}", speculative_config=spec)',
-        "```",
-        "",
-        "1.4.0rc4 also has `enable_confidence_scheduling`, `confidence_cost_table_path` and "
-        "`confidence_calibration_path`; their file formats are not documented on those pages, so it is not known "
-        "whether they accept `step_curve.json` / `calibration.json` as written here.",
+        f"Exported by hf-dspark as `{contract.architecture(config.sample_from_anchor)}` in {dtype}: γ = "
+        f"{config.block_size} drafts per round, {layout_name(config.sample_from_anchor)} block "
+        f"({config.num_block_slots} slots), taps {config.target_layer_ids} of a {config.num_target_layers}-layer "
+        f"`{config.target_model_type}` target, {HEAD_NAMES[config.head_type]} head"
+        f"{'' if config.head_type == 'none' else f' (rank {config.markov_rank})'}, confidence head: "
+        f"{'yes' if config.use_confidence_head else 'no'}, mask_token_id = {config.mask_token_id}, drafting over "
+        f"{vocab}.",
         "",
     ]
+
+
+def _requirement(config: DSparkConfig, contract: EngineContract) -> list[str]:
+    gamma = config.block_size
+    return [
+        "## Requirement: the number of speculative tokens is γ",
+        "",
+        f"**Launch with exactly γ = {gamma} speculative tokens.** {contract.title} takes γ from "
+        f"{contract.gamma_from}. Any other value drafts from slots the weights were not trained for: acceptance "
+        "collapses at every position and nothing reports an error.",
+        "",
+    ]
+
+
+def readme(config: DSparkConfig, engine: str | EngineContract, out_name: str = "OUT", target: str = "TARGET",
+           dtype: str = "bfloat16") -> str:
+    """Markdown for an export folder: the γ requirement, launch lines, sidecars, notes and the sources read."""
+    contract = get_contract(engine)
+    lines = _summary(config, contract, out_name, dtype) + _requirement(config, contract)
+    lines += [f"## Launch ({contract.title})", "", *_launch(config, contract, out_name, target), ""]
+    if not config.sample_from_anchor and contract.config_format != "speculators":
+        lines += ["This drafter uses the anchor + γ masks (1 + N) block, so it is written as a z-lab "
+                  "`DFlashDraftModel` (block_size = γ + 1) and served by the engine's DFlash method"
+                  + (", without its confidence head (the DFlash class has none)." if config.use_confidence_head
+                     else "."), ""]
+    lines += [
+        "## Sidecars",
+        "",
+        "`calibration.json` (STS temperatures per decoding mode, c_k = σ(z_k / T_k), and the held-out acceptance) "
+        "and `step_curve.json` (SPS(B) of the target where it was profiled) are what hf-dspark's own scheduler "
+        f"reads. {contract.sidecars}",
+        "",
+    ]
+    if contract.notes:
+        lines += ["## Notes", "", *[f"- {note}" for note in contract.notes], ""]
+    lines += ["## Checked against", "", *[f"- {source}" for source in contract.sources], ""]
     return "\n".join(lines)
+
+
+__all__ = ["readme"]

@@ -1,4 +1,6 @@
-"""`export_deepspec`: write a drafter in the DeepSpec / serving-engine layout, with sidecars and launch notes."""
+"""`export_drafter`: write a drafter in the layout one engine loads (vLLM, SGLang, speculators, DeepSpec), with the
+sidecars and a launch README; refused, before anything is written, when the engine cannot serve it as it computes.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from transformers.utils import logging
 
 from ..io_utils import current_umask
 from ..scheduler import StepCurve
-from .engines import engine_warnings, readme_snippet
-from .layouts import STEP_CURVE_FILE
-from .sources import check_finite_weights
+from .contracts import ENGINE_CONTRACTS, EngineContract, get_contract, refusals
+from .engines import readme
+from .layouts import CALIBRATION_FILE, STEP_CURVE_FILE, calibration_payload
+from .writers import dtype_name, engine_config, engine_tensors
 
 logger = logging.get_logger(__name__)
 
@@ -102,82 +106,148 @@ def _swap_in(staged: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def export_deepspec(
+DEFAULT_EXPORT_DTYPE = torch.bfloat16  # what the engines serve in; fp32 exports are twice the size
+
+
+def _export_dtype(dtype: torch.dtype | str | None) -> torch.dtype:
+    if dtype is None:
+        return DEFAULT_EXPORT_DTYPE
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(resolved, torch.dtype) or not resolved.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point torch dtype (bfloat16, float16, float32), got {dtype!r}.")
+    return resolved
+
+
+def check_servable(drafter, engine: str | EngineContract) -> None:
+    """Raise `ValueError` listing every reason `engine` cannot serve `drafter` as it computes, with the fixes."""
+    contract = get_contract(engine)
+    found = refusals(drafter.config, contract)
+    if found:
+        name = getattr(drafter, "name_or_path", "") or "this drafter"
+        raise ValueError(f"{contract.title} cannot serve {name} as it drafts here, so it is not exported:\n"
+                         + "\n".join(f"- {refusal}" for refusal in found))
+
+
+def _finite(tensors: dict[str, torch.Tensor], dtype: torch.dtype, out: Path) -> None:
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise ValueError(
+                f"export to {out}: tensor {name} holds NaN/Inf in {dtype_name(dtype)} (its values overflow that "
+                "dtype, or the checkpoint is corrupt); export in bfloat16 or float32, or re-train."
+            )
+
+
+def _write_folder(drafter, contract: EngineContract, folder: Path, dtype: torch.dtype, curve: dict[str, Any] | None,
+                  out: Path, verifier: tuple[str, list[str]]) -> list[str]:
+    """Write config.json, model.safetensors and the sidecars into `folder` (the staging copy of `out`)."""
+    tensors = engine_tensors(drafter, contract, dtype)
+    _finite(tensors, dtype, out)
+    raw = engine_config(drafter.config, contract, dtype, verifier_name=verifier[0], verifier_architectures=verifier[1])
+    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    name = str(getattr(drafter, "name_or_path", "") or "")
+    source = Path(name) if name and Path(name).is_dir() and Path(name).resolve() != out.resolve() else None
+    payload = calibration_payload(drafter.config, source)
+    (folder / CALIBRATION_FILE).write_text(json.dumps(payload, indent=2) + "\n")
+    written = ["config.json", "model.safetensors", CALIBRATION_FILE]
+    if curve is not None:
+        (folder / STEP_CURVE_FILE).write_text(json.dumps(curve, indent=2) + "\n")
+        written.append(STEP_CURVE_FILE)
+    return written
+
+
+def export_drafter(
     drafter,
     out_dir: str | Path,
+    engine: str | EngineContract = "vllm",
+    dtype: torch.dtype | str | None = None,
     step_curve: StepCurve | dict | str | Path | None = None,
     target_name: str | None = None,
+    target_architectures: list[str] | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Write `drafter` (bound to its target) in the DeepSpec / serving-engine layout under `out_dir`.
+    """Write `drafter` (bound to its target) in the layout `engine` loads, under `out_dir`.
 
-    Writes `config.json` (the target's `model_type` and shape fields, `architectures: ["<Family>DSparkModel"]`,
-    the flat DSpark fields, always `sample_from_anchor`), `model.safetensors` (drafter tensors plus copies of the
-    target's `embed_tokens.weight` / `lm_head.weight`), `calibration.json` (STS temperatures, sampling and greedy),
-    `step_curve.json` when a curve is given or sits beside the drafter's folder, and `README.md` with vLLM, SGLang
-    and TensorRT-LLM launch settings. Settings an engine cannot serve are logged as warnings and listed in the
-    README. `out_dir` must be empty or new unless `overwrite`, which replaces the whole folder. Everything is written
-    to a temporary folder beside it first and renamed into place, so an interrupted export leaves no half folder
-    (and what a killed one left beside it is removed by the next export to the same folder).
-    Returns the folder.
+    `engine` is a registered contract name (`vllm`, `sglang`, `speculators`, `deepspec`; interop/contracts.py).
+    The folder holds `config.json` (the engine's architecture and fields, the block layout in every spelling that
+    engine family reads), `model.safetensors` (floating-point tensors in `dtype`, bfloat16 by default; `lm_head`
+    pruned to the draft vocabulary plus `d2t` where the engine takes them), `calibration.json`, `step_curve.json`
+    when a curve is given or sits beside the drafter's folder, and `README.md` (γ as a launch requirement, launch
+    lines, what the engine does instead of reading the sidecars). Anchor + γ masks drafters are written under a
+    DFlash architecture, never a `*DSparkModel` one. A drafter the engine cannot serve as it computes is refused
+    with the engine, the reason and the fix before anything is written. `out_dir` must be empty or new unless
+    `overwrite` (which replaces the whole folder); the folder is staged beside it and renamed into place, so an
+    interrupted export leaves nothing half-written. Returns the folder.
     """
-    from .deepspec import write_deepspec_folder
-
+    contract = get_contract(engine)
+    dtype = _export_dtype(dtype)
     out = check_export_folder(out_dir, overwrite, keep=(getattr(drafter, "name_or_path", None),))
     drafter._require_bound()
-    check_finite_weights(drafter, f"export to {out}")
+    check_servable(drafter, contract)
     curve = _step_curve_payload(drafter, step_curve)
     out.parent.mkdir(parents=True, exist_ok=True)
     _remove_leftovers(out)
     staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
     staged.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the export is an ordinary folder
+    name = target_name or drafter._bound.name_or_path or "TARGET"
     try:
-        written = write_deepspec_folder(drafter, staged, curve, source_folder=out)
-        name = target_name or drafter._bound.name_or_path or "TARGET"
-        (staged / README_FILE).write_text(readme_snippet(drafter.config, out_name=str(out), target=name))
+        written = _write_folder(drafter, contract, staged, dtype, curve, out, (name, target_architectures or []))
+        text = readme(drafter.config, contract, out_name=str(out), target=name, dtype=dtype_name(dtype))
+        (staged / README_FILE).write_text(text)
         _swap_in(staged, out)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
-    for warning in engine_warnings(drafter.config):
-        logger.warning(f"DeepSpec export to {out}: {warning}")
-    logger.info(f"Exported the drafter to {out}: {', '.join([*written, README_FILE])}.")
+    logger.info(f"Exported the drafter for {contract.title} to {out}: {', '.join([*written, README_FILE])}.")
     return out
+
+
+def export_deepspec(drafter, out_dir: str | Path, step_curve=None, target_name: str | None = None,
+                    overwrite: bool = False, dtype: torch.dtype | str | None = None) -> Path:
+    """`export_drafter(..., engine="deepspec")`: DeepSpec's own layout (Qwen3DSparkModel, anchor-first)."""
+    return export_drafter(drafter, out_dir, engine="deepspec", dtype=dtype, step_curve=step_curve,
+                          target_name=target_name, overwrite=overwrite)
 
 
 def export_from_paths(
     drafter_path: str,
     out_dir: str,
+    engine: str = "vllm",
     target_path: str | None = None,
     step_curve: str | None = None,
-    dtype: str = "float32",
+    dtype: str = "bfloat16",
     overwrite: bool = False,
+    assume_layout: str | None = None,
 ) -> Path:
     """CLI body: check the output folder, load the target (the embedded default when `target_path` is None) and the
-    drafter, then export."""
+    drafter in float32, then export in `dtype`."""
     from ..modeling_dspark import DSparkDrafter
 
     check_export_folder(out_dir, overwrite, keep=(drafter_path, target_path))
-    torch_dtype = getattr(torch, dtype)
+    get_contract(engine)
     if target_path is None:
         from ..defaults import load_default_target
 
-        target, _ = load_default_target(dtype=torch_dtype)
+        target, _ = load_default_target(dtype=torch.float32)
     else:
         from transformers import AutoModelForCausalLM
 
         from .sources import resolve_model_source
 
         hub = resolve_model_source(target_path, what="target")
-        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch_dtype, **hub).eval()
-    drafter = DSparkDrafter.from_pretrained(drafter_path, target=target)
-    return export_deepspec(drafter, out_dir, step_curve=step_curve, target_name=target_path, overwrite=overwrite)
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32, **hub).eval()
+    drafter = DSparkDrafter.from_pretrained(drafter_path, target=target, assume_layout=assume_layout)
+    return export_drafter(drafter, out_dir, engine=engine, dtype=dtype, step_curve=step_curve,
+                          target_name=target_path, target_architectures=list(target.config.architectures or []),
+                          overwrite=overwrite)
 
 
 def exported_summary(out_dir: str | Path) -> dict[str, Any]:
     """The key fields of an exported `config.json` (for the CLI's report)."""
     raw = json.loads((Path(out_dir) / "config.json").read_text())
-    keys = ("architectures", "model_type", "block_size", "sample_from_anchor", "markov_head_type", "markov_rank")
-    return {k: raw.get(k) for k in keys}
+    keys = ("architectures", "model_type", "block_size", "sample_from_anchor", "draft_vocab_size", "markov_head_type",
+            "markov_rank", "dtype")
+    return {k: raw.get(k) for k in keys if k in raw}
 
 
-__all__ = ["check_export_folder", "export_deepspec", "export_from_paths", "exported_summary"]
+__all__ = ["ENGINE_CONTRACTS", "check_export_folder", "check_servable", "export_deepspec", "export_drafter",
+           "export_from_paths", "exported_summary"]

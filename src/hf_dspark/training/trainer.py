@@ -48,6 +48,8 @@ class DSparkTrainingArguments(TrainingArguments):
         remove_unused_columns: defaults to False here: the batch keys are not the drafter's forward arguments.
         block_sparse_attention: compute the drafter's attention block by block (default); False uses the dense
             masked reference (same result, for benchmarks).
+        loss_decay: the position-decay constant c of the loss weights w_k = exp(−(k−1)/c) (Eqs. 11-13); `None`
+            (default) uses c = γ, so the weights span the same range for every block size; DeepSpec uses 4.0.
         stop_after_steps: end training (with a checkpoint) after this many optimizer steps while the learning-rate
             schedule keeps following `max_steps`: a budget cut that stays comparable across runs and resumes.
         overwrite_output_dir: train into an `output_dir` that already holds a trained model or checkpoints (its
@@ -68,6 +70,10 @@ class DSparkTrainingArguments(TrainingArguments):
         default=True,
         metadata={"help": "Block-sparse drafter attention over anchor blocks (False: the dense reference, slower)."},
     )
+    loss_decay: float | None = field(
+        default=None,
+        metadata={"help": "Position-decay constant c of the loss weights exp(-(k-1)/c) (default: γ; DeepSpec: 4.0)."},
+    )
     stop_after_steps: int | None = field(
         default=None, metadata={"help": "Stop (and save) after this many steps; the LR schedule follows max_steps."}
     )
@@ -86,6 +92,8 @@ class DSparkTrainingArguments(TrainingArguments):
             raise ValueError("alpha_ce, alpha_tv, alpha_conf and alpha_kd must be >= 0.")
         if self.remove_unused_columns:
             raise ValueError("remove_unused_columns=True would drop the DSpark batch keys; leave it False.")
+        if self.loss_decay is not None and not self.loss_decay > 0:
+            raise ValueError(f"loss_decay (the position-decay constant c) must be > 0 or unset, got {self.loss_decay}")
         if self.stop_after_steps is not None and self.stop_after_steps < 1:
             raise ValueError(f"stop_after_steps must be >= 1 (or unset), got {self.stop_after_steps}.")
         super().__post_init__()
@@ -201,7 +209,7 @@ class DSparkTrainer(Trainer):
             labels = index.masked_fill(~valid | index.lt(0), IGNORE_INDEX)
         parts = dspark_loss(
             outputs.logits, p_target, labels, outputs.confidence_logits, alpha=self.args.alpha, valid=valid,
-            alpha_kd=self.args.alpha_kd,
+            alpha_kd=self.args.alpha_kd, decay=self.args.loss_decay,
         )
         self._store_metrics(parts, "train" if model.training else "eval")
         return (parts.loss, outputs) if return_outputs else parts.loss
