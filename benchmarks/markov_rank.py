@@ -1,4 +1,4 @@
-"""Choose the Markov head's rank r by measurement (issue 5): what each rank costs, and what a trained head uses.
+"""Choose the Markov head's rank r by measurement: what each rank costs, and what a trained head uses.
 
 Two measurements, both on the embedded SmolLM2-135M-Instruct target (V = 49,152, d = 576), CPU, torch pinned to
 ONE thread (torch.set_num_threads(1)):

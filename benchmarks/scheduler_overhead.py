@@ -1,13 +1,11 @@
-"""Measure the scheduler's per-round overhead (issue 4: below 1% of a round at R = 64, γ = 8), and that of the
-"auto" policy's decisions (issue 12: plan before drafting + ℓ after it + the acceptance update, ≤ 1% of a round).
+"""Measure the scheduler's per-round overhead (the goal: below 1% of a round at R = 64, γ = 8), and that of the
+"auto" policy's decisions (plan before drafting + ℓ after it + the acceptance update, also at most 1% of a round).
 
 Times `schedule_greedy` and `schedule_lagged` (and the two baselines) on random survivals with a step curve shaped
-like this CPU's default target, pinned to ONE torch thread (torch.set_num_threads(1)) so numbers are comparable
-on a shared machine. The reference round cost is one verification forward of the default target (≈ 60-70 ms for
-B = 1 with a 200-token cache: the shipped step curve src/hf_dspark/resources/step_curves/x86_64--AVX512--bf16--amx/
-SmolLM2-135M-Instruct__cpu__float32__t1.json gives 59 ms at 1 thread on the development CPU); a real
-R = 64 round costs several times more, so
-the percentage is an upper bound. Writes benchmarks/results/scheduler_overhead.json.
+like the default target's, pinned to ONE torch thread so numbers are comparable on a shared machine. The reference
+round cost (`--round-ms`) is one verification forward of the default target at B = 1 with a 200-token cache (see the
+shipped step curves under src/hf_dspark/resources/step_curves/); a real R = 64 round costs several times more, so the
+percentage is an upper bound. Writes benchmarks/results/<processor kind>/scheduler_overhead.json by default.
 
     python benchmarks/scheduler_overhead.py --rows 64 --block-size 8 --repeats 2000
 """

@@ -1,6 +1,6 @@
 """How predictable is the target on its own replies? Per reply token of a training run's validation split (the same
 data, split and seed as `hf-dspark train`): the entropy of the target's next-token distribution at T = 1 and its
-top-1 probability, i.e. what a drafter is asked to match (issue: what limits the drafters' τ).
+top-1 probability, i.e. what a drafter is asked to match.
 
     python benchmarks/target_entropy.py --validation-fraction 0.004
 """
