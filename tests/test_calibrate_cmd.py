@@ -11,6 +11,7 @@ from hf_dspark import DSparkDrafter
 from hf_dspark.calibration import CalibrationReport
 from hf_dspark.cli import main
 from hf_dspark.eval.calibrate import CalibrationRun, left_pad, set_calibration
+from hf_dspark.provenance import PROVENANCE_KEYS
 from tests.helpers import char_tokenizer, make_drafter, make_target
 
 GAMMA = 3
@@ -40,6 +41,7 @@ def test_calibrate_both_modes_writes_config_sidecar_and_plots(setup):
     sidecar = json.loads((out / "calibration.json").read_text())
     assert set(sidecar["reports"]) == {"greedy", "sampling"}
     assert sidecar["settings"]["limit"] == 4
+    assert set(PROVENANCE_KEYS) <= set(sidecar["provenance"]) and sidecar["provenance"]["command"]
     reports = {mode: CalibrationReport(**{k: v if v is not None else float("nan") for k, v in report.items()})
                for mode, report in sidecar["reports"].items()}
     for mode, report in reports.items():

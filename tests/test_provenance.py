@@ -38,3 +38,10 @@ def test_outside_a_checkout(tmp_path):
 def test_with_provenance_keeps_an_existing_record():
     assert with_provenance({"x": 1, "provenance": {"command": "kept"}})["provenance"] == {"command": "kept"}
     assert with_provenance({"x": 1}, command="c")["provenance"]["command"] == "c"
+
+
+def test_processor_kind_is_the_shipped_curves_folder_name():
+    from hf_dspark.profiling import shipped_curves_dir
+    from hf_dspark.provenance import processor_kind
+
+    assert processor_kind() == shipped_curves_dir().name and "/" not in processor_kind()

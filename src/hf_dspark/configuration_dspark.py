@@ -74,7 +74,7 @@ class DSparkConfig(PreTrainedConfig):
             Number of decoder layers of the target (L).
         head_type (`str`, defaults to `"markov"`):
             Sequential head: `"markov"` (Eq. 5), `"rnn"` (Eq. 6) or `"none"` (pure parallel, the DFlash baseline).
-        markov_rank (`int`, defaults to 256):
+        markov_rank (`int`, defaults to 64):
             Rank r of the Markov factorisation W1 (V×r), W2 (V×r). Used by both the Markov and the RNN head.
         use_confidence_head (`bool`, defaults to `True`):
             Whether the drafter predicts per-position confidences (Eq. 7).
@@ -125,7 +125,7 @@ class DSparkConfig(PreTrainedConfig):
         target_layer_ids: list[int] | None = None,
         num_target_layers: int = 30,
         head_type: str = "markov",
-        markov_rank: int = 256,
+        markov_rank: int = 64,
         use_confidence_head: bool = True,
         confidence_with_markov: bool = True,
         calibration_temperatures: list[float] | None = None,

@@ -80,7 +80,7 @@ def resolve_dtype(choice: str, device: str = "auto") -> str:
 def warn_if_slow_dtype(dtype: str, device: str = "cpu", fix: str = "use float32 (or dtype auto)") -> bool:
     """Warn once per process (and return True) when `dtype` is bf16/fp16 on a CPU without native bf16: there
     oneDNN's fast path is missing and half-precision matmuls fall back to a reference kernel ~7× slower than fp32
-    (measured on an AVX2 CPU by scripts/cpu_matmul_costs.py: a 2048×576 by 576×8192 matmul 2.29 s vs 0.33 s), so
+    (measured on an AVX2 CPU by benchmarks/cpu_matmul_costs.py: a 2048×576 by 576×8192 matmul 2.29 s vs 0.33 s), so
     a bf16 run or training job crawls."""
     if dtype not in ("bfloat16", "float16") or not str(device).startswith("cpu") or native_bf16("cpu"):
         return False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -58,6 +59,12 @@ def package_versions(packages: Sequence[str] = PACKAGES) -> dict[str, str | None
         except metadata.PackageNotFoundError:
             versions[name] = None
     return versions
+
+
+def processor_kind(device: str | torch.device = "cpu") -> str:
+    """`processor_signature(device)` as a folder name (`x86_64/AVX512+bf16` -> `x86_64--AVX512--bf16`): the name the
+    shipped cost curves and the benchmark results (`benchmarks/results/<kind>/`) are filed under."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", processor_signature(device).strip("/"))
 
 
 def result_provenance(command: str | Sequence[str] | None = None, device: str | torch.device = "cpu",

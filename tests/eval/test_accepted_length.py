@@ -18,6 +18,7 @@ from hf_dspark.eval.accepted_length import (
 )
 from hf_dspark.eval.prompts import chat_input_ids
 from hf_dspark.modeling_dspark import DSparkProposal
+from hf_dspark.provenance import PROVENANCE_KEYS
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 GAMMA = 4
@@ -150,6 +151,7 @@ def test_cli_smoke_writes_json_and_figures(target, prompt_sets, chat_tokenizer, 
     assert code == 0
     report = json.loads(out.read_text())
     assert set(report["table"]) == {"dspark", "prompt_lookup"}
+    assert set(PROVENANCE_KEYS) <= set(report["provenance"]) and report["provenance"]["command"]
     assert report["length_sweep"]["skipped"] == {"dspark": [8]}
     assert set(report["length_sweep"]["results"]["prompt_lookup"]) == {"4", "8"}
     assert report["threshold_sweep"]["prompt_lookup"] == {"skipped": "no confidence head"}

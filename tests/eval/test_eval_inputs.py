@@ -52,7 +52,7 @@ def test_a_retrained_drafter_under_the_same_name_is_evaluated_afresh(target, pro
     report = run_eval(_config(prompt_sets[:1], tmp_path), target, chat_tokenizer, {"dspark": retrained})
     assert rows == [3] and "changed since 3 of its records were written" in caplog.text
     assert "evaluating it afresh" in caplog.text
-    records = [json.loads(line) for line in (tmp_path / "out" / "eval_tiny.work.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in _config(prompt_sets[:1], tmp_path).work_path.read_text().splitlines()]
     assert {r["drafter_id"] for r in records[-3:]} == {f"{drafter_identity(retrained)}-{target_identity(target)}"}
     assert report["table"]["dspark"]["sets"]["gsm8k"]["turns"] == 3
     caplog.clear()
@@ -88,8 +88,8 @@ def test_out_may_not_overwrite_an_input_or_a_foreign_file(target, prompt_sets, c
     before = Path(prompt_sets[0]).read_text()
     with pytest.raises(ValueError, match="is the input file"):
         _config(prompt_sets, tmp_path, out=prompt_sets[0])
-    with pytest.raises(ValueError, match="the work file of --out"):  # <stem>.work.jsonl would be the input
-        _config([*prompt_sets, str(_jsonl(tmp_path))], tmp_path, out=str(tmp_path / "x.json"))
+    with pytest.raises(ValueError, match="the work file of --out"):  # the work file would be an input
+        _config([*prompt_sets, str(_jsonl(tmp_path))], tmp_path, work_file=str(tmp_path / "x.work.jsonl"))
     assert Path(prompt_sets[0]).read_text() == before
     notes = tmp_path / "notes.json"
     notes.write_text('{"mine": 1}')
@@ -98,6 +98,16 @@ def test_out_may_not_overwrite_an_input_or_a_foreign_file(target, prompt_sets, c
     config = _config(prompt_sets[:1], tmp_path, out=str(notes), overwrite=True, limit=1)
     run_eval(config, target, chat_tokenizer, {"dspark": make_drafter(target)})
     _config(prompt_sets[:1], tmp_path, out=str(notes))  # now an eval report: rerunning into it is fine
+
+
+def test_work_file_defaults_to_the_user_cache_not_beside_the_report(tmp_path, prompt_sets, monkeypatch):
+    monkeypatch.setenv("HF_DSPARK_CACHE", str(tmp_path / "cache"))
+    here, there = (_config(prompt_sets, tmp_path, out=str(tmp_path / name / "eval.json")) for name in ("a", "b"))
+    assert here.work_path.parent == tmp_path / "cache" / "eval" and here.work_path.name.startswith("eval-")
+    assert here.work_path != there.work_path  # two reports of one name keep separate records
+    assert here.work_path == _config(prompt_sets, tmp_path, out=str(tmp_path / "a" / "eval.json")).work_path
+    mine = tmp_path / "runs" / "mine.work.jsonl"
+    assert _config(prompt_sets, tmp_path, work_file=str(mine)).work_path == mine
 
 
 def _jsonl(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hf_dspark.eval.serve import POLICY_NAMES, ServeConfig, run_serve_benchmark
+from hf_dspark.provenance import PROVENANCE_KEYS
 from hf_dspark.scheduler import StepCurve
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
@@ -35,6 +36,7 @@ def test_serve_benchmark_covers_every_policy_and_level(tmp_path):
     assert max(r["mean_running"] for (p, c), r in rows.items() if c == 1) <= 1
     saved = json.loads((tmp_path / "serve.json").read_text())
     assert saved["drafter"] == "tiny" and len(saved["results"]) == len(rows)
+    assert set(PROVENANCE_KEYS) <= set(saved["provenance"]) and saved["provenance"]["command"]
     assert set(saved["ratios_to_plain"]) == set(POLICY_NAMES) - {"none"}
     assert len(saved["runs"]) == 2 * len(rows) and all(row["passes"] == 2 for row in rows.values())
     assert all(0 <= rows[("auto", c)]["drafted_round_fraction"] <= 1 for c in (1, 3))

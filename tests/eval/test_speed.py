@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from hf_dspark.eval.speed import SpeedConfig, run_speed_benchmark
+from hf_dspark.provenance import PROVENANCE_KEYS
 from hf_dspark.scheduler import StepCurve
 from tests.helpers import make_drafter, make_target
 
@@ -38,6 +39,7 @@ def test_speed_benchmark_runs_every_method_losslessly(target, chat_tokenizer, pr
     assert len(report["runs"]) == 2 * len(methods) * 2  # sets × methods × repeats
     saved = json.loads((tmp_path / "speed.json").read_text())
     assert saved["results"] == json.loads(json.dumps(report["results"]))
+    assert set(PROVENANCE_KEYS) <= set(saved["provenance"]) and saved["provenance"]["command"]
     assert (tmp_path / "speed.png").stat().st_size > 0
     SpeedConfig(prompt_files=prompt_sets, out=str(tmp_path / "speed.json"))  # a rerun may replace its own report
 

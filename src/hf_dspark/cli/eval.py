@@ -45,7 +45,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     config = EvalConfig(sets=args.sets, temperature=args.temperature, block_size=args.block_size,
                         sweep_gammas=args.sweep, prompt_lookup=args.prompt_lookup, limit=args.limit,
                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                        threads=args.threads, out=args.out, resume=not args.restart, overwrite=args.overwrite)
+                        threads=args.threads, out=args.out, work_file=args.work_file, resume=not args.restart,
+                        overwrite=args.overwrite)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, device=args.device)
@@ -82,7 +83,10 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
     ev.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     ev.add_argument("--out", default="benchmarks/results/eval.json",
-                    help="JSON report; figures and the resumable work file <stem>.work.jsonl go beside it")
+                    help="JSON report; its figures <stem>_*.png go beside it")
+    ev.add_argument("--work-file", default=None,
+                    help="resumable record of every finished prompt (default: <stem>-<digest>.work.jsonl under "
+                         "eval/ in the user cache, $HF_DSPARK_CACHE or ~/.cache/hf_dspark)")
     ev.add_argument("--restart", action="store_true", help="discard the work file instead of resuming")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an eval report")
     ev.set_defaults(func=cmd_eval, parser=ev)

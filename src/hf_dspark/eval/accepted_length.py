@@ -12,6 +12,7 @@ records into the JSON report and `plots` draws the figures.
 from __future__ import annotations
 
 import copy
+import hashlib
 import time
 import zlib
 from dataclasses import asdict, dataclass, field
@@ -24,6 +25,7 @@ from transformers.utils import logging
 
 from ..io_utils import check_replaceable
 from ..modeling_dspark import DSparkDrafter
+from ..profiling import cache_root
 from .prompt_lookup import prompt_lookup_for
 from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names
 from .work_file import WorkFile, drafter_identity, target_identity
@@ -48,8 +50,11 @@ class EvalConfig:
     batch_size: prompts per generate call (τ is per row either way).
     seed: base seed of the sampling runs.
     threads: torch threads, pinned for the whole run.
-    out: JSON report path; figures `<stem>_*.png` and the work file `<stem>.work.jsonl` go beside it. It may not
-        be a prompt file, nor an existing file other than an earlier report unless `overwrite`.
+    out: JSON report path; figures `<stem>_*.png` go beside it. It may not be a prompt file, nor an existing file
+        other than an earlier report unless `overwrite`.
+    work_file: the resumable record of every finished prompt (JSONL). None: `<stem>-<digest of out>.work.jsonl`
+        under `eval/` in the user cache (`$HF_DSPARK_CACHE`, else `~/.cache/hf_dspark`), so that it stays out of
+        a results folder kept in git.
     resume: reuse the records of the work file (False starts it afresh). A record is reused only when the settings
         (`fingerprint`) and the drafter's weights and config (`drafter_identity`) match.
     overwrite: replace an existing `out` that is not an `hf-dspark eval` report.
@@ -66,6 +71,7 @@ class EvalConfig:
     seed: int = 0
     threads: int = 2
     out: str = "benchmarks/results/eval.json"
+    work_file: str | None = None
     resume: bool = True
     overwrite: bool = False
 
@@ -95,7 +101,11 @@ class EvalConfig:
 
     @property
     def work_path(self) -> Path:
-        return Path(self.out).with_suffix(".work.jsonl")
+        """`work_file`, or its default place in the user cache (see `work_file`)."""
+        if self.work_file is not None:
+            return Path(self.work_file)
+        digest = hashlib.sha256(str(Path(self.out).resolve()).encode("utf-8")).hexdigest()[:12]
+        return cache_root() / "eval" / f"{Path(self.out).stem}-{digest}.work.jsonl"
 
 
 @dataclass

@@ -30,6 +30,7 @@ from transformers.utils import logging
 
 from ..calibration import CalibrationReport, cumulative_survival, evaluate_calibration, fit_sts, reliability_diagram
 from ..io_utils import write_json_atomic, write_text_atomic
+from ..provenance import result_provenance
 from .prompts import chat_input_ids, load_prompt_set
 
 logger = logging.get_logger(__name__)
@@ -175,6 +176,7 @@ def write_sidecar(path: Path, run: CalibrationRun, reports: dict[str, Calibratio
         "prompt_files": list(run.prompt_files), "limit": run.limit, "skip": run.skip,
         "max_new_tokens": run.max_new_tokens, "temperature": run.temperature, "n_bins": run.n_bins,
     }
+    payload["provenance"] = result_provenance()
     write_json_atomic(path, payload)
 
 

@@ -15,6 +15,7 @@ from transformers.utils import logging
 
 from ..calibration import evaluate_calibration, fit_sts
 from ..io_utils import write_json_atomic
+from ..provenance import result_provenance
 from .acceptance_metrics import (
     DEFAULT_THRESHOLDS,
     acceptance_rate,
@@ -211,6 +212,7 @@ def write_report(report: dict, out: str | os.PathLike, arrays: dict | None = Non
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     report = _clean(report)
+    report.setdefault("provenance", result_provenance())
     report["figures"] = write_figures(report, path, arrays or {})
     write_json_atomic(path, report, allow_nan=False, ensure_ascii=False)
     return report

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
 from ..io_utils import check_replaceable, write_json_atomic
+from ..provenance import result_provenance
 
 POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler", "auto")
 SERVE_REPORT_KEYS = ("config", "drafter", "block_size", "results")  # of every serve report, older ones included
@@ -205,6 +206,8 @@ def ratios_to_plain(runs: list[dict]) -> dict[str, dict[int, float]]:
 
 
 def _write(report: dict, path: Path) -> None:
+    """Write the report (with its provenance record, added in place) and its plots."""
+    report.setdefault("provenance", result_provenance())
     write_json_atomic(path, report)
     plot_serve(report, path)
 

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..io_utils import check_replaceable, write_json_atomic
+from ..provenance import result_provenance
 from .oracle import oracle_for
 from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
 
@@ -208,6 +209,8 @@ def summarise(rows: list[dict], config: SpeedConfig) -> dict:
 
 
 def _write(report: dict, out: str) -> None:
+    """Write the report (with its provenance record, added in place) and its plot."""
+    report.setdefault("provenance", result_provenance())
     path = Path(out)
     write_json_atomic(path, report)
     plot_speed(report, path.with_suffix(".png"))

@@ -1,7 +1,7 @@
 """Measured round costs for the "auto" policy: how far real rounds are from the cost curves, learned online.
 
 The curves the policy plans with (the target's SPS(B), the drafter's proposals per second) are profiled once, on
-an idle machine, with fixed context lengths. Real rounds differ: longer caches, the drafter's queued context
+a quiet machine, with fixed context lengths. Real rounds differ: longer caches, the drafter's queued context
 update, row-subset gathers, commit callbacks, other processes on the machine. Each finished round reports its wall
 time (`RoundRecord`), and the policy keeps two running estimates:
 

@@ -13,7 +13,7 @@ them truncation is inferred from the reply length. Lines may instead carry pre-t
 `loss_mask` (used by tests and by callers that tokenise themselves).
 
 Why plain JSONL rather than `datasets`: it needs no extra dependency, a shard is human-readable and diffable (the
-generated text is small enough to commit, the issue asks for that), appending one finished shard at a time with
+generated text is small enough to commit with the repository), appending one finished shard at a time with
 `os.replace` makes regeneration resumable and crash-safe, and reading 10⁴-10⁵ lines is instant. Any JSONL shard
 folder also opens with `datasets.load_dataset("json", data_files=...)` for users who want Arrow tooling.
 """

@@ -1,4 +1,4 @@
-"""LoRA adaptation of a trained drafter to a new prompt domain through `peft` (issue 5 item 6).
+"""LoRA adaptation of a trained drafter to a new prompt domain through `peft`.
 
 The drafter's attention (q/k/v/o) and MLP (gate/up/down) linears get low-rank adapters; everything else (the
 context projection, norms, Markov and confidence heads) stays frozen. Train the returned `PeftModel` with

@@ -81,7 +81,7 @@ class DSparkTrainConfig:
         metadata={"help": "Sequential head of a fresh drafter: markov (Eq. 5), rnn (Eq. 6) or none (DFlash-style)."},
     )
     markov_rank: int = field(
-        default=256,
+        default=64,
         metadata={"help": "Rank r of the Markov/RNN head's factorisation W1, W2 (V×r) of a fresh drafter."},
     )
     target_layer_ids: list[int] | None = field(

@@ -1,0 +1,60 @@
+"""README.md's result tables are exactly what `benchmarks/readme_tables.py` writes from the result JSONs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tables():
+    spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "benchmarks" / "readme_tables.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_tables_match_the_result_jsons():
+    tables = _tables()
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = {match.group("name") for match in tables.BLOCK.finditer(text)}
+    assert blocks == set(tables.TABLES), f"README.md's result blocks {sorted(blocks)} != {sorted(tables.TABLES)}"
+    _, changed = tables.update(text)
+    assert not changed, f"README.md tables {changed} disagree with benchmarks/results/; run " \
+                        "python benchmarks/readme_tables.py"
+
+
+def test_every_result_json_records_its_command_and_commit():
+    tables = _tables()
+    files = sorted((ROOT / "benchmarks" / "results").glob("*/*.json"))
+    assert files
+    for path in files:
+        tables.load_result(path)
+
+
+def test_a_result_without_provenance_is_refused(tmp_path, monkeypatch):
+    tables = _tables()
+    folder = tmp_path / "benchmarks" / "results" / "x86_64--AVX2"
+    folder.mkdir(parents=True)
+    good = json.loads((ROOT / "benchmarks/results/x86_64--AVX2/speed.json").read_text())
+    (folder / "speed.json").write_text(json.dumps({k: v for k, v in good.items() if k != "provenance"}))
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "RESULTS", tmp_path / "benchmarks" / "results")
+    with pytest.raises(ValueError, match=r"speed.json: its provenance lacks \['command', 'git_commit'\]"):
+        tables.speed_table()
+
+
+def test_a_changed_number_is_caught(tmp_path, monkeypatch):
+    tables = _tables()
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:speed -->\n<!-- /results:speed -->\n")
+    assert tables.main(["--readme", str(readme)]) == 0
+    assert tables.main(["--readme", str(readme), "--check"]) == 0
+    text = readme.read_text()
+    first_ratio = text.index("×")
+    readme.write_text(text[:first_ratio + 1] + "9" + text[first_ratio + 2:])
+    assert tables.main(["--readme", str(readme), "--check"]) == 1
