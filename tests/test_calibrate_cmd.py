@@ -108,7 +108,9 @@ def test_calibrate_in_place_keeps_an_engine_layout_folder_loadable(setup):
     from hf_dspark.interop import detect_layout, export_deepspec
 
     target = make_target("llama", seed=3)
-    export_deepspec(DSparkDrafter.from_pretrained(setup / "drafter", target=target), setup / "engine")
+    # DeepSpec serves drafters with q/k norms and a vocabulary mask token (its loader refuses the fixture's).
+    servable = make_drafter(target, block_size=GAMMA, use_qk_norm=True, mask_token_id=95)
+    export_deepspec(servable, setup / "engine", dtype=torch.float32)
     config_before = (setup / "engine" / "config.json").read_bytes()
     args = _args(setup, "--mode", "greedy")
     args[args.index("--drafter") + 1] = str(setup / "engine")

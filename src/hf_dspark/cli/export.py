@@ -1,4 +1,4 @@
-"""`hf-dspark export`: write a trained drafter in a serving-engine layout (docs/checkpoints.md)."""
+"""`hf-dspark export`: write a trained drafter in a serving engine's own layout (docs/checkpoints.md)."""
 
 from __future__ import annotations
 
@@ -15,24 +15,60 @@ def cmd_export(args: argparse.Namespace) -> int:
     # Both before the target loads: the output folder first (the costlier mistake), then the drafter path.
     check_export_folder(args.out, args.overwrite, keep=(args.drafter, args.target))
     check_drafter_path(args.parser, "--drafter", args.drafter)
-    out = export_from_paths(args.drafter, args.out, target_path=args.target, step_curve=args.step_curve,
-                            dtype=args.dtype, overwrite=args.overwrite)
+    out = export_from_paths(
+        args.drafter,
+        args.out,
+        engine=args.engine,
+        target_path=args.target,
+        step_curve=args.step_curve,
+        dtype=args.dtype,
+        overwrite=args.overwrite,
+        assume_layout=args.assume_layout,
+    )
     print(f"wrote {out}: {exported_summary(out)}")
-    print(f"launch settings for vLLM, SGLang and TensorRT-LLM: {out / 'README.md'}")
+    print(f"launch settings (num_speculative_tokens = γ is required): {out / 'README.md'}")
     return 0
 
 
 def add_export_command(sub) -> None:
-    """Register `export --format deepspec --drafter PATH OUT` on the `hf-dspark` subparsers."""
-    export = sub.add_parser("export", help="write a drafter in the DeepSpec layout vLLM/SGLang/TensorRT-LLM load")
-    export.add_argument("--format", choices=["deepspec"], default="deepspec", help="checkpoint layout to write")
-    export.add_argument("--drafter", required=True, help="drafter folder (hf-dspark, DeepSpec or DFlash layout)")
+    """Register `export --engine NAME --drafter PATH OUT` on the `hf-dspark` subparsers."""
+    from ..interop.contracts import ENGINE_CONTRACTS
+    from ..interop.layout_flags import ASSUME_LAYOUTS
+
+    export = sub.add_parser("export", help="write a drafter in the layout vLLM, SGLang, speculators or DeepSpec load")
+    export.add_argument(
+        "--engine",
+        "--format",
+        dest="engine",
+        choices=sorted(ENGINE_CONTRACTS),
+        default="vllm",
+        help="engine whose loader the folder is written for (refused, with the reason and the fix, "
+        "when that engine cannot serve the drafter)",
+    )
+    export.add_argument("--drafter", required=True, help="drafter folder (hf-dspark, DeepSpec, DFlash or speculators)")
     export.add_argument("--target", default=None, help="target causal LM path (default: the embedded SmolLM2)")
-    export.add_argument("--step-curve", type=step_curve_file, default=None,
-                        help="step_curve.json (from `hf-dspark profile`) to ship (default: the drafter's own)")
-    export.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
-                        help="dtype of the exported weights (the target is loaded in it)")
-    export.add_argument("--overwrite", action="store_true",
-                        help="replace OUT when it is not empty (default: refuse a non-empty folder)")
+    export.add_argument(
+        "--step-curve",
+        type=step_curve_file,
+        default=None,
+        help="step_curve.json (from `hf-dspark profile`) to ship (default: the drafter's own)",
+    )
+    export.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=DTYPE_CHOICES,
+        help="dtype of the exported weights (default bfloat16, what the engines serve in)",
+    )
+    export.add_argument(
+        "--assume-layout",
+        default=None,
+        choices=ASSUME_LAYOUTS,
+        help="block layout of a drafter whose config records none or conflicting ones",
+    )
+    export.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUT when it is not empty (default: refuse a non-empty folder)",
+    )
     export.add_argument("out", help="output folder (new or empty)")
     export.set_defaults(func=cmd_export, parser=export)

@@ -104,7 +104,8 @@ print(tokenizer.decode(output[0], skip_special_tokens=True))
 
 With hf-dspark installed, `AutoModel.from_pretrained("{repo_id}", trust_remote_code=True)` also loads it (the
 repo's `hf_dspark_auto.py` only imports the package); bind it with `drafter.bind_target(target)`. For vLLM,
-SGLang or TensorRT-LLM, convert it with `hf-dspark export --format deepspec --drafter {repo_id} OUT`.'''
+SGLang, speculators or DeepSpec, convert it with `hf-dspark export --engine vllm --drafter {repo_id} OUT` (or
+`--engine sglang|speculators|deepspec`).'''
 
 
 def card_data(base_model: str, license: str, datasets: list[str]) -> ModelCardData:

@@ -1,0 +1,129 @@
+"""Engine contracts: tiny drafters of every head / layout / draft-vocabulary combination exported for every engine
+either satisfy that engine's contract (and load back proposing identically) or are refused naming the engine, the
+reason and the fix."""
+
+import itertools
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from hf_dspark import DSparkDrafter
+from hf_dspark.interop import ENGINE_CONTRACTS, check_export, export_drafter, refusals
+from hf_dspark.interop.layout_flags import LAYOUT_KEYS, declared_layouts
+from tests.helpers import make_drafter, make_target
+from tests.interop.test_export import _assert_same, _proposals
+
+HEADS = ("markov", "rnn", "none")
+LAYOUTS = (True, False)  # sample_from_anchor
+VOCABS = (None, "draft")
+COMBOS = list(itertools.product(HEADS, LAYOUTS, VOCABS))
+ENGINES = ("vllm", "sglang", "speculators", "deepspec")
+
+
+@pytest.fixture(scope="module")
+def qwen3_target():
+    return make_target("qwen3")
+
+
+def _drafter(target, head, anchor_first, vocab):
+    overrides = dict(head_type=head, mask_token_id=95, sample_from_anchor=anchor_first)
+    if not anchor_first:  # 1 + N drafters come from imported checkpoints (z-lab DFlash, SpecForge)
+        overrides["source_layout"] = "dflash"
+    if head == "none":
+        overrides["use_confidence_head"] = False
+    drafter = make_drafter(target, **overrides)
+    if vocab:
+        drafter.restrict_draft_vocab(list(range(0, target.config.vocab_size, 3)))
+    return drafter
+
+
+def _combo_id(combo):
+    head, anchor_first, vocab = combo
+    return f"{head}-{'anchor' if anchor_first else '1+N'}-{vocab or 'full'}"
+
+
+def test_every_engine_named_has_a_contract():
+    assert set(ENGINES) <= set(ENGINE_CONTRACTS)
+    for contract in ENGINE_CONTRACTS.values():
+        assert contract.sources and all(s.commit and s.path for s in contract.sources)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("combo", COMBOS, ids=[_combo_id(c) for c in COMBOS])
+def test_export_satisfies_the_contract_or_is_refused(tmp_path, qwen3_target, engine, combo):
+    drafter = _drafter(qwen3_target, *combo)
+    found = refusals(drafter.config, engine)
+    out = tmp_path / "engine"
+    if found:
+        title = ENGINE_CONTRACTS[engine].title
+        with pytest.raises(ValueError, match=rf"{title} cannot serve") as info:
+            export_drafter(drafter, out, engine=engine)
+        assert "Fix:" in str(info.value) and all(r.reason in str(info.value) for r in found)
+        assert not out.exists()
+        return
+    export_drafter(drafter, out, engine=engine, dtype=torch.float32)
+    assert check_export(out, engine) == []
+    raw = json.loads((out / "config.json").read_text())
+    arch = raw["architectures"][0]
+    if not drafter.config.sample_from_anchor:
+        assert not arch.endswith("DSparkModel")  # a 1 + N drafter never under a DSpark architecture
+    assert set(declared_layouts(raw).values()) == {drafter.config.sample_from_anchor}
+    readme = (out / "README.md").read_text()
+    assert f"exactly γ = {drafter.config.block_size} speculative tokens" in readme and "## Sidecars" in readme
+    loaded = DSparkDrafter.from_pretrained(out, target=qwen3_target)
+    assert loaded.config.sample_from_anchor == drafter.config.sample_from_anchor
+    dflash = arch == "DFlashDraftModel"
+    if not dflash:  # the DFlash architecture carries the backbone only
+        for original, reloaded in zip(_proposals(drafter, qwen3_target), _proposals(loaded, qwen3_target)):
+            _assert_same(original, reloaded)
+
+
+def test_every_engine_serves_some_drafter_and_refuses_some(qwen3_target):
+    for engine in ENGINES:
+        verdicts = {bool(refusals(_drafter(qwen3_target, *c).config, engine)) for c in COMBOS}
+        assert verdicts == ({False} if engine == "speculators" else {True, False}), engine
+    learned_mask = make_drafter(qwen3_target, mask_token_id=None)
+    assert all(refusals(learned_mask.config, engine) for engine in ENGINES)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "speculators"])
+def test_draft_vocabulary_exports_a_pruned_lm_head_and_d2t(tmp_path, qwen3_target, engine):
+    drafter = _drafter(qwen3_target, "markov", True, "draft")
+    out = export_drafter(drafter, tmp_path / engine, engine=engine)
+    size = drafter.config.draft_vocab_size
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        names = set(handle.keys())
+        lm_head, d2t = handle.get_tensor("lm_head.weight"), handle.get_tensor("d2t")
+    assert lm_head.shape == (size, qwen3_target.config.hidden_size) and lm_head.dtype == torch.bfloat16
+    ids = drafter.draft_token_ids()
+    assert torch.equal(lm_head, qwen3_target.get_output_embeddings().weight[ids].to(torch.bfloat16))
+    assert d2t.dtype == torch.int64 and torch.equal(torch.arange(size) + d2t, ids)
+    assert ("t2d" in names) == (engine == "speculators")  # vLLM skips t2d; only speculators loads it
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["draft_vocab_size"] == size and raw["dtype"] == "bfloat16"
+    if engine == "vllm":
+        assert set(LAYOUT_KEYS) <= set(raw) and set(LAYOUT_KEYS) <= set(raw["dflash_config"])
+
+
+def test_sglang_refuses_a_draft_vocabulary_naming_the_fix(tmp_path, qwen3_target):
+    drafter = _drafter(qwen3_target, "markov", True, "draft")
+    with pytest.raises(
+        ValueError,
+        match=r"SGLang.*draft vocabulary.*Fix: export with --engine speculators or "
+        r"--engine vllm",
+    ):
+        export_drafter(drafter, tmp_path / "sglang", engine="sglang")
+
+
+def test_check_export_catches_a_shifted_or_unpruned_folder(tmp_path, qwen3_target):
+    drafter = _drafter(qwen3_target, "markov", True, "draft")
+    out = export_drafter(drafter, tmp_path / "vllm", engine="vllm")
+    assert check_export(out, "vllm") == []
+    sglang = check_export(out, "sglang")  # a vLLM draft-vocabulary folder breaks SGLang's loader
+    assert any("draft_vocab_size" in p for p in sglang) and any("d2t" in p for p in sglang)
+    raw = json.loads((out / "config.json").read_text())
+    raw["dspark_bonus_anchor"] = True  # now disagrees with sample_from_anchor
+    (out / "config.json").write_text(json.dumps(raw))
+    assert any("disagree" in p for p in check_export(out, "vllm"))
