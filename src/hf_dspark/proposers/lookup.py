@@ -1,0 +1,170 @@
+"""Model-free proposers as drafters of the DSpark loop: prompt lookup and a suffix proposer.
+
+- `PromptLookupProposer`: n-gram copying from the row's own context (prompt and output so far): the tokens that
+  followed the latest earlier occurrence of the longest suffix n-gram (max_ngram down to 1) of the row's history.
+- `SuffixProposer`: the same match over the row's context *and every earlier row's* (earlier requests and
+  outputs of this proposer: one bounded store per proposer, i.e. per engine or per drafter object), longest match
+  first, up to `max_ngram` tokens.
+
+Both are `DraftModel`s (`generate(**inputs, assistant_model=proposer)` once the target is DSpark-enabled; the
+`*_for(target, γ)` helpers do that), batched with every row its own match; no weights, no target features, no
+cost curve (`draft_curve = None`: "auto" prices their drafting at ≈ 0). Drafts are one-hot proposals, exact for
+greedy and valid for speculative sampling; with no match the anchor is repeated (a draft the target usually
+rejects). Each row's index is fed only the committed tokens it has not seen, a few per round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..configuration_dspark import DSparkConfig
+from ..generation.dispatch import enable
+from ..generation.drafting import ModelFreeDrafter
+from ..modeling_outputs import DSparkProposal
+from .ngram import NgramIndex
+
+
+@dataclass
+class RowMatchState:
+    """One row's matching state: its own index (prompt lookup) or its sequence id in a shared one, and how many
+    of its history's tokens the index holds."""
+
+    index: NgramIndex | None = None
+    seq_id: int = -1
+    fed: int = 0
+
+
+@dataclass
+class LookupCache:
+    """A model-free proposer's per-row cache: committed-token counts `[R]` and each row's `RowMatchState`
+    (shared by reference across `select_rows`, so a sub-batch's updates persist)."""
+
+    lengths: torch.Tensor
+    states: list[RowMatchState] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    def advance(self, counts: torch.Tensor) -> None:
+        self.lengths = self.lengths + counts.to(self.lengths)
+
+    def select_rows(self, rows: torch.Tensor) -> LookupCache:
+        picked = rows.tolist()
+        return LookupCache(
+            self.lengths.index_select(0, rows.to(self.lengths.device)), [self.states[i] for i in picked]
+        )
+
+    @staticmethod
+    def concat(caches: list[LookupCache]) -> LookupCache:
+        return LookupCache(torch.cat([c.lengths for c in caches]), [s for c in caches for s in c.states])
+
+
+def drafts_from_matches(anchor_ids: torch.Tensor, matches: list[list[int]], gamma: int) -> torch.Tensor:
+    """`[R]` anchors and per-row continuations (≤ γ tokens each) -> drafts `[R, γ]`: the continuation, its last
+    token repeated to γ; the anchor repeated where a row has no match."""
+    drafts = anchor_ids[:, None].repeat(1, gamma)
+    for a, follow in enumerate(matches):
+        if follow:
+            drafts[a, : len(follow)] = torch.tensor(follow, dtype=drafts.dtype)
+            drafts[a, len(follow) :] = follow[-1]
+    return drafts
+
+
+class _LookupBase(ModelFreeDrafter):
+    """Shared machinery: per-row states, incremental feeding, batched one-hot proposals."""
+
+    def __init__(self, config: DSparkConfig, max_ngram: int = 3) -> None:
+        super().__init__(config)
+        self.max_ngram = max_ngram
+
+    def init_cache(self, batch_size: int, capacity: int | None = None) -> LookupCache:
+        return LookupCache(torch.zeros(batch_size, dtype=torch.long), [self._new_state() for _ in range(batch_size)])
+
+    def _new_state(self) -> RowMatchState:
+        raise NotImplementedError
+
+    def _index_of(self, state: RowMatchState) -> NgramIndex:
+        raise NotImplementedError
+
+    def match(self, state: RowMatchState, history: torch.Tensor) -> tuple[list[int], int]:
+        """Feed the row's unseen committed tokens, then look up its suffix: (continuation ≤ γ, n-gram length)."""
+        tokens = history.tolist()
+        index = self._index_of(state)
+        # The anchor (the last token) is indexed only once its successor is known: feed all but it.
+        if len(tokens) - 1 > state.fed:
+            state.seq_id = index.extend(state.seq_id, tokens[state.fed : len(tokens) - 1])
+            state.fed = len(tokens) - 1
+        return index.lookup(tokens, self.config.block_size)
+
+    def matches(self, cache: LookupCache, histories: list[torch.Tensor]) -> list[tuple[list[int], int]]:
+        if histories is None:
+            raise ValueError(f"{type(self).__name__} needs the rows' histories (the DSpark loop passes them)")
+        return [self.match(state, history) for state, history in zip(cache.states, histories)]
+
+    @torch.no_grad()
+    def propose(
+        self,
+        anchor_ids: torch.Tensor,
+        cache: LookupCache,
+        *,
+        do_sample: bool = False,
+        logits_processor=None,
+        generator=None,
+        return_probs: bool | None = None,
+        row_ids=None,
+        histories: list[torch.Tensor] | None = None,
+    ) -> DSparkProposal:
+        found = self.matches(cache, histories)
+        drafts = drafts_from_matches(anchor_ids, [f for f, _ in found], self.config.block_size)
+        ones = torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
+        return DSparkProposal(drafts, self.one_hot(drafts, bool(return_probs or do_sample)), ones, None)
+
+
+class PromptLookupProposer(_LookupBase):
+    """Prompt lookup over each row's own context; `max_ngram` is the longest suffix n-gram matched."""
+
+    def _new_state(self) -> RowMatchState:
+        return RowMatchState(index=NgramIndex(self.max_ngram))
+
+    def _index_of(self, state: RowMatchState) -> NgramIndex:
+        return state.index
+
+
+class SuffixProposer(_LookupBase):
+    """Longest-suffix matching over each row's context and every earlier row's, in one bounded store.
+
+    Args:
+        max_ngram: the longest suffix matched (longer: more precise matches, more index entries per token).
+        max_tokens: the store's bound over all rows (oldest rows are evicted first).
+    """
+
+    def __init__(self, config: DSparkConfig, max_ngram: int = 8, max_tokens: int = 1 << 18) -> None:
+        super().__init__(config, max_ngram)
+        self.store = NgramIndex(max_ngram, max_tokens)
+
+    def _new_state(self) -> RowMatchState:
+        return RowMatchState(seq_id=self.store.new_sequence())
+
+    def _index_of(self, state: RowMatchState) -> NgramIndex:
+        return self.store
+
+
+def _model_free_config(target, block_size: int) -> DSparkConfig:
+    return DSparkConfig.from_target(
+        target.config, block_size=block_size, num_hidden_layers=1, head_type="none", use_confidence_head=False
+    )
+
+
+def prompt_lookup_for(target, block_size: int, max_ngram: int = 3) -> PromptLookupProposer:
+    """A prompt-lookup proposer for `target` (DSpark generate enabled on it)."""
+    enable(target)
+    return PromptLookupProposer(_model_free_config(target, block_size), max_ngram=max_ngram)
+
+
+def suffix_proposer_for(target, block_size: int, max_ngram: int = 8, max_tokens: int = 1 << 18) -> SuffixProposer:
+    """A suffix proposer for `target` (DSpark generate enabled on it)."""
+    enable(target)
+    return SuffixProposer(_model_free_config(target, block_size), max_ngram=max_ngram, max_tokens=max_tokens)
