@@ -23,7 +23,8 @@ import torch
 
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.provenance import processor_kind, with_provenance
-from hf_dspark.scheduler import StepCurve, get_policy
+from hf_dspark.scheduler import StepCurve
+from hf_dspark.scheduling import get_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +36,7 @@ def default_curve() -> StepCurve:
 
 
 def time_policy(name: str, survival: torch.Tensor, curve: StepCurve, capacity: torch.Tensor, repeats: int) -> dict:
-    policy = get_policy(name)
+    policy = get_policy(name).schedule
     for _ in range(min(50, repeats)):  # warm-up
         policy(survival, curve, capacity_survival=capacity)
     samples = []

@@ -11,7 +11,8 @@ from hf_dspark.padded_scheduler import (
     schedule_padded_greedy,
     schedule_padded_lagged,
 )
-from hf_dspark.scheduler import StepCurve, get_policy
+from hf_dspark.scheduler import StepCurve
+from hf_dspark.scheduling import get_policy
 from hf_dspark.verification import verify_sampling
 
 CURVE = StepCurve([1, 2, 3, 4, 6, 8, 12, 16], [10.0, 8.0, 5.0, 7.0, 6.0, 5.5, 3.0, 2.0])
@@ -44,7 +45,7 @@ def test_properties(rows, gamma, seed):
 
 
 def test_registered_by_name():
-    assert get_policy("greedy_padded").fn is schedule_padded_greedy
+    assert get_policy("greedy_padded").rule is schedule_padded_greedy
     assert get_policy("LAGGED_PADDED").uses_capacity_survival
 
 

@@ -1,4 +1,4 @@
-"""Tests for hf_dspark.scheduler (docs/scheduling.md: Algorithm 1, worked traces, Appendix A)."""
+"""Tests for hf_dspark.scheduling (docs/scheduling.md: Algorithm 1, worked traces, Appendix A)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_dspark.scheduler import (
-    SchedulerPolicy,
     StepCurve,
     capacity_from_survival,
     expected_throughput,
-    get_policy,
     schedule_fixed,
     schedule_greedy,
     schedule_lagged,
     schedule_threshold,
 )
+from hf_dspark.scheduling import BasePolicy, get_policy
 from hf_dspark.verification import verify_sampling
 
 FEW = settings(max_examples=40, deadline=None)
@@ -199,7 +198,7 @@ def test_empty_and_degenerate_shapes():
 @FEW
 @given(survival=survivals(), curve=step_curves(), policy=st.sampled_from(["greedy", "lagged"]))
 def test_bounds_and_top_m_prefix(survival, curve, policy):
-    verify_len = get_policy(policy)(survival, curve, capacity_survival=survival)
+    verify_len = get_policy(policy).schedule(survival, curve, capacity_survival=survival)
     assert verify_len.dtype == torch.long and verify_len.shape == (survival.shape[0],)
     assert bool(((verify_len >= 0) & (verify_len <= survival.shape[1])).all())
     m = int(verify_len.sum())
@@ -247,8 +246,8 @@ def test_batch_permutation_equivariance(survival, curve, seed):
     perm = torch.randperm(survival.shape[0], generator=torch.Generator().manual_seed(seed))
     for name in ("greedy", "lagged", "threshold", "fixed"):
         policy = get_policy(name)
-        base = policy(survival, curve, capacity_survival=survival)
-        permuted = policy(survival[perm], curve, capacity_survival=survival[perm])
+        base = policy.schedule(survival, curve, capacity_survival=survival)
+        permuted = policy.schedule(survival[perm], curve, capacity_survival=survival[perm])
         assert permuted.tolist() == base[perm].tolist(), name
 
 
@@ -307,15 +306,15 @@ def test_policy_registry():
     survival = torch.tensor([[0.9, 0.45], [0.6, 0.36]])
     for name in ("greedy", "lagged", "fixed", "threshold"):
         policy = get_policy(name)
-        assert isinstance(policy, SchedulerPolicy) and policy.name == name
-        assert policy(survival, curve).shape == (2,)
+        assert issubclass(policy, BasePolicy)
+        assert policy.schedule(survival, curve).shape == (2,)
     assert get_policy(" Greedy ") is get_policy("greedy")
-    assert get_policy("fixed")(survival, length=1).tolist() == [1, 1]
-    assert get_policy("threshold")(survival, threshold=0.55).tolist() == [1, 1]
-    with pytest.raises(ValueError, match="Unknown scheduler policy"):
+    assert get_policy("fixed").schedule(survival, length=1).tolist() == [1, 1]
+    assert get_policy("threshold").schedule(survival, threshold=0.55).tolist() == [1, 1]
+    with pytest.raises(ValueError, match="Unknown policy 'oracle'; choose one of"):
         get_policy("oracle")
     with pytest.raises(ValueError, match="step_curve"):
-        get_policy("greedy")(survival)
+        get_policy("greedy").schedule(survival)
 
 
 # ---------------------------------------------------------------- Appendix A (non-anticipation)

@@ -170,21 +170,21 @@ def test_auto_starts_from_the_drafters_heldout_acceptance(target):
 
     drafter = make_drafter(target, block_size=GAMMA)
     config = GenerationConfig(dspark_policy="auto", dspark_step_curve=FLAT, dspark_draft_curve=DRAFT)
-    planner = policy_from_config(config, GAMMA, target=target, drafter=drafter)._planner
+    planner = policy_from_config(config, GAMMA, target=target, drafter=drafter).planner
     assert planner.tracker.pooled().tolist() == pytest.approx([0.5] * GAMMA)
     drafter.config.heldout_acceptance = {"greedy": [0.9, 0.8, 0.7, 0.6], "sampling": [0.3, 0.3, 0.2, 0.1]}
     for do_sample, rates in ((False, [0.9, 0.8, 0.7, 0.6]), (True, [0.3, 0.3, 0.2, 0.1])):
         config = GenerationConfig(dspark_policy="auto", dspark_step_curve=FLAT, dspark_draft_curve=DRAFT,
                                   do_sample=do_sample)
-        planner = policy_from_config(config, GAMMA, target=target, drafter=drafter)._planner
+        planner = policy_from_config(config, GAMMA, target=target, drafter=drafter).planner
         assert planner.tracker.pooled().tolist() == pytest.approx(rates)
     from hf_dspark.eval.serve import make_policy  # the serving benchmark's engines start from it too
 
     for greedy, rates in ((True, [0.9, 0.8, 0.7, 0.6]), (False, [0.3, 0.3, 0.2, 0.1])):
         policy = make_policy("auto", GAMMA, FLAT, 0.5, DRAFT, memory_key=drafter, greedy=greedy)
-        assert policy._planner.tracker.pooled().tolist() == pytest.approx(rates)
+        assert policy.planner.tracker.pooled().tolist() == pytest.approx(rates)
     policy = make_policy("auto", GAMMA, FLAT, 0.5, DRAFT, memory_key=drafter, acceptance_prior=[0.5, 0.5, 0.5, 0.5])
-    assert policy._planner.tracker.pooled().tolist() == pytest.approx([0.5] * GAMMA)  # given rates win
+    assert policy.planner.tracker.pooled().tolist() == pytest.approx([0.5] * GAMMA)  # given rates win
 
 
 def test_engine_refuses_an_auto_policy_built_for_the_other_decoding_mode(target):

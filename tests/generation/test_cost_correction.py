@@ -8,11 +8,12 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker, memory_for
+from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker
 from hf_dspark.generation.cost_correction import CostCorrection
 from hf_dspark.generation.cost_policy import CostAwarePlanner
 from hf_dspark.generation.round import RoundRecord
 from hf_dspark.scheduler import StepCurve
+from hf_dspark.scheduling import PolicyMemory
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 GAMMA = 4
@@ -156,9 +157,11 @@ def test_generate_feeds_every_round_to_the_correction_and_stays_identical(target
     reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
     config = GenerationConfig(do_sample=False, max_new_tokens=24, dspark_policy="auto", dspark_step_curve=ONE_SECOND,
                               dspark_draft_curve=HALF_SECOND, dspark_measured_costs=measured)
-    output = target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config)
+    memory = PolicyMemory()
+    output = target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config,
+                             dspark_policy_memory=memory)
     assert torch.equal(output, reference)
-    costs = memory_for(drafter, GAMMA).costs
+    costs = memory.for_mode(GAMMA, greedy=True).costs
     rounds = drafter.last_generation_stats.rounds
     assert costs.plain_rounds + costs.drafting_rounds == (rounds if measured else 0)
 

@@ -35,12 +35,13 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     check_drafter_path(args.parser, "--drafter", args.drafter)
     check_drafter_path(args.parser, "--baseline", args.baseline)
     check_output_parent(args.parser, "--out", args.out)
-    from ..generation.policy import POLICIES
+    from ..scheduling import NO_SPECULATION, available_policies, canonical_policy_name
 
-    if args.scheduler not in (*POLICIES, "none"):
-        choices = [*POLICIES, "none"]
+    scheduler = canonical_policy_name(args.scheduler)
+    if scheduler not in (*available_policies(), NO_SPECULATION):
+        choices = [*available_policies(), NO_SPECULATION]
         args.parser.error(f"--scheduler {args.scheduler!r} is not a dspark_policy; choose one of {choices}")
-    scheduler = None if args.scheduler == "none" else args.scheduler
+    scheduler = None if scheduler == NO_SPECULATION else scheduler
     try:
         config = SpeedConfig(prompt_files=args.sets, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              repeats=args.repeats, block_sizes=args.block_sizes, threads=args.threads,
@@ -161,9 +162,10 @@ def _add_serve_command(bench) -> None:
     serve.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 2, 4, 8, 16, 32],
                        help="client counts C (closed loop) to measure")
     serve.add_argument("--policies", nargs="+",
-                       default=["none", "fixed1", "fixed", "threshold", "scheduler", "auto"],
+                       default=["none", "fixed1", "fixed", "threshold", "lagged_padded", "auto"],
                        help="none (plain batched decoding) | fixed1 (ℓ = 1) | fixed (ℓ = γ) | threshold | "
-                       "scheduler (lagged-capacity rule on the profiled step curve) | auto (cost-aware default: "
+                       "lagged_padded (lagged-capacity rule on the profiled step curve; 'scheduler' is its "
+                       "deprecated name) | auto (cost-aware default: "
                        "decodes plainly when drafting does not pay)")
     serve.add_argument("--requests", type=positive_int, default=16, help="finished requests per (policy, C)")
     serve.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per request")

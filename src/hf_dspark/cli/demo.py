@@ -34,11 +34,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     check_nonempty(args.parser, "--prompt", args.prompt)
     check_drafter_path(args.parser, "--drafter", args.drafter)
-    from ..generation.policy import POLICIES
     from ..hardware import native_bf16, resolve_dtype
+    from ..scheduling import available_policies
 
-    if args.policy not in POLICIES:
-        args.parser.error(f"--policy {args.policy!r} is not a dspark_policy; choose one of {list(POLICIES)}")
+    if args.policy not in available_policies():
+        args.parser.error(f"--policy {args.policy!r} is not a dspark_policy; choose one of "
+                          f"{list(available_policies())}")
     torch.set_num_threads(args.threads)
     dtype = resolve_dtype(args.dtype, args.device)
     print(f"Loading the embedded SmolLM2-135M-Instruct target ({dtype}, {args.threads} thread(s))...", flush=True)

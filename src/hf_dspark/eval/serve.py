@@ -22,8 +22,9 @@ from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
 from ..io_utils import check_replaceable, write_json_atomic
 from ..provenance import result_provenance
+from ..scheduling import NO_SPECULATION, PolicyMemory, canonical_policy_name
 
-POLICY_NAMES = ("none", "fixed1", "fixed", "threshold", "scheduler", "auto")
+POLICY_NAMES = (NO_SPECULATION, "fixed1", "fixed", "threshold", "lagged_padded", "auto")
 SERVE_REPORT_KEYS = ("config", "drafter", "block_size", "results")  # of every serve report, older ones included
 
 
@@ -31,9 +32,9 @@ SERVE_REPORT_KEYS = ("config", "drafter", "block_size", "results")  # of every s
 class ServeConfig:
     """Args:
     concurrency: client counts C to measure.
-    policies: subset of none | fixed1 (ℓ = 1, MTP-1-like) | fixed (ℓ = γ) | threshold | scheduler (the
-        lagged-capacity rule under the padded batch's cost, `lagged_padded`) | auto (cost-aware: the drafter's
-        cost counted, plain-decoding rounds when drafting does not pay; the library default).
+    policies: subset of none | fixed1 (ℓ = 1, MTP-1-like) | fixed (ℓ = γ) | threshold | lagged_padded (the
+        lagged-capacity rule under the padded batch's cost; the old spelling "scheduler" is deprecated) | auto
+        (cost-aware: the drafter's cost counted, plain-decoding rounds when drafting does not pay; the default).
     requests_per_level: finished requests per (policy, C) (at least C).
     max_new_tokens: tokens per request.
     arrival_rate: requests/s for Poisson arrivals instead of closed-loop clients (None = closed loop).
@@ -61,6 +62,7 @@ class ServeConfig:
     overwrite: bool = False
 
     def __post_init__(self) -> None:
+        self.policies = [p if p in ("fixed1",) else canonical_policy_name(p) for p in self.policies]
         unknown = [p for p in self.policies if p not in POLICY_NAMES]
         if unknown:
             raise ValueError(f"unknown policies {unknown}; choose from {POLICY_NAMES}")
@@ -70,14 +72,14 @@ class ServeConfig:
 
 
 def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_curve=None,
-                memory_key=None, greedy: bool = True,
-                acceptance_prior: list[float] | None = None) -> VerificationPolicy | str:
-    """The engine policy for a benchmark name. "auto" keeps its pooled acceptance under `memory_key` (the drafter,
-    as `generate` does), so load levels after the first start from what earlier levels observed, like a
-    long-running server; None starts every level from nothing. It starts from the drafter's held-out acceptance
-    for the decoding mode (`greedy`) unless `acceptance_prior` gives other rates."""
-    if name == "none":
-        return "none"
+                memory_key=None, greedy: bool = True, acceptance_prior: list[float] | None = None,
+                memory: PolicyMemory | None = None) -> VerificationPolicy | str:
+    """The engine policy for a benchmark name. "auto" keeps its pooled acceptance in `memory` (one per benchmark
+    run), so load levels after the first start from what earlier levels observed, like a long-running server;
+    None starts every level from nothing. It starts from the held-out acceptance of `memory_key` (the drafter) for
+    the decoding mode (`greedy`) unless `acceptance_prior` gives other rates."""
+    if name == NO_SPECULATION:
+        return NO_SPECULATION
     if name == "fixed1":
         return VerificationPolicy("fixed", block_size=block_size, verify_len=1)
     if name == "fixed":
@@ -86,7 +88,8 @@ def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_
         return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
     if name == "auto":
         return VerificationPolicy("auto", block_size=block_size, step_curve=step_curve, draft_curve=draft_curve,
-                                  memory_key=memory_key, greedy=greedy, acceptance_prior=acceptance_prior)
+                                  memory_key=memory_key, greedy=greedy, acceptance_prior=acceptance_prior,
+                                  memory=memory)
     # The engine pads rows to 1 + max ℓ_r, so the scheduler uses the padded-cost lagged rule (README, Scheduling).
     return VerificationPolicy("lagged_padded", block_size=block_size, step_curve=step_curve)
 
@@ -142,7 +145,7 @@ def _curves(config: ServeConfig, target, drafter, step_curve, draft_curve):
     from ..draft_profiling import load_or_profile_draft_curve
     from ..profiling import load_or_profile_step_curve
 
-    if step_curve is None and {"scheduler", "auto"} & set(config.policies):
+    if step_curve is None and {"lagged_padded", "auto"} & set(config.policies):
         step_curve = load_or_profile_step_curve(target, threads=config.threads)
     if draft_curve is None and "auto" in config.policies:
         draft_curve = load_or_profile_draft_curve(drafter, threads=config.threads)
@@ -160,11 +163,12 @@ def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor]
     torch.set_num_threads(config.threads)
     step_curve, draft_curve = _curves(config, target, drafter, step_curve, draft_curve)
     rng = random.Random(config.seed)
+    memory = PolicyMemory()  # "auto" learns across the levels of this run, as a long-running server would
     runs = []
     levels = [(r, p, c) for c in config.concurrency for r in range(config.repeats) for p in config.policies]
     for repeat, policy_name, concurrency in tqdm(levels, desc="serve levels"):
         policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold, draft_curve,
-                             memory_key=drafter)
+                             memory_key=drafter, memory=memory)
         engine = DSparkEngine(target, None if policy == "none" else drafter, policy=policy,
                               max_running=max(config.concurrency))
         total = max(config.requests_per_level, concurrency)

@@ -29,29 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..padded_scheduler import draft_or_decode, padded_verify_seconds
+from ..scheduling.padded import draft_or_decode, padded_verify_seconds
+from ..scheduling.records import DraftPlan
 from .acceptance import AcceptanceMemory, AcceptanceTracker
 
 if TYPE_CHECKING:
     from .round import RoundRecord
-
-
-@dataclass
-class DraftPlan:
-    """Rows that draft this round (`rows`, indices into the active rows; None = all) and their planned uniform
-    verification length (`length`; None = the policy decides from the proposal). `probe`: a refresh round;
-    `batch_rows`: active rows in the round (None: unknown), whose padding the verification pays for; `forecast`:
-    the drafting rows' conditional acceptance `[S, γ]` from earlier rounds (the sunk-cost stop's look-ahead)."""
-
-    rows: torch.Tensor | None = None
-    length: int | None = None
-    probe: bool = False
-    batch_rows: int | None = None
-    forecast: torch.Tensor | None = None
-
-    @property
-    def drafts(self) -> bool:
-        return self.rows is None or self.rows.numel() > 0
 
 
 def seconds_per_call(curve, counts: torch.Tensor) -> torch.Tensor:

@@ -38,10 +38,11 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from ..scheduling.registry import NO_SPECULATION, available_policies, canonical_policy_name
 from .drafting import feature_layers
 from .options import check_sampling_settings, eos_token_ids
 from .packed_linear import linear_packs_for
-from .policy import POLICIES, VerificationPolicy, policy_from_config
+from .policy import VerificationPolicy, policy_from_config
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundBatch, RoundKernel, RoundRecord
@@ -137,8 +138,9 @@ def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool,
                   packed_weights: bool | None = None) -> VerificationPolicy:
     """The policy `generate` builds for `dspark_policy=name`: the curves of this target and drafter (cache, shipped,
     else profiled once) and, for "auto", the drafter's pooled acceptance for the decoding mode."""
-    if name not in POLICIES:
-        raise ValueError(f"policy must be 'none', one of {list(POLICIES)} or a VerificationPolicy; got {name!r}.")
+    if canonical_policy_name(name) not in available_policies():
+        raise ValueError(f"policy must be {NO_SPECULATION!r}, one of {list(available_policies())} or a "
+                         f"VerificationPolicy; got {name!r}.")
     settings = SimpleNamespace(dspark_policy=name, do_sample=do_sample, dspark_packed_weights=packed_weights)
     return policy_from_config(settings, drafter.config.block_size, target=target, drafter=drafter)
 

@@ -15,15 +15,18 @@ from typing import Any
 
 import torch
 
+from ..scheduling.registry import available_policies, canonical_policy_name
+
 # Every `dspark_*` generation option, with what it accepts (see `hf_dspark.generation.policy`).
 DSPARK_OPTIONS: dict[str, str] = {
-    "dspark_policy": "a policy name (see hf_dspark.generation.policy.POLICIES)",
+    "dspark_policy": "a registered policy name (hf_dspark.scheduling.available_policies())",
     "dspark_verify_len": "an integer 0..γ, the fixed verification length",
     "dspark_threshold": "a number in [0, 1], the prefix-survival threshold of the 'threshold' policy",
     "dspark_step_curve": "a StepCurve or the path of one saved by `hf-dspark profile`",
     "dspark_draft_curve": "a StepCurve (drafter proposals per second against rows) or its JSON path, for 'auto'",
     "dspark_measured_costs": "True/False, let 'auto' correct its cost curves by earlier rounds' wall times",
     "dspark_observers": "a list of round observers (objects with on_round(record)), called every round",
+    "dspark_policy_memory": "a hf_dspark.scheduling.PolicyMemory through which 'auto' learns across calls",
     "dspark_record_confidence": "True/False, keep every round's confidence logits in the statistics",
     "dspark_stock_loop": "True/False, run transformers' own batch-1 assisted loop with the DSpark drafter",
     "dspark_packed_weights": "True/False, verify with oneDNN-packed copies of the target's linear weights (unset: "
@@ -48,10 +51,9 @@ def _check_value(name: str, value: Any) -> None:
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise ValueError(f"dspark_verify_len must be a non-negative integer (at most γ), got {value!r}.")
     elif name == "dspark_policy":
-        from .policy import POLICIES
-
-        if value not in POLICIES:
-            raise ValueError(f"dspark_policy must be one of {POLICIES}, got {value!r}.")
+        if not isinstance(value, str) or canonical_policy_name(value) not in available_policies():
+            raise ValueError(f"dspark_policy must be one of {list(available_policies())} (or a name registered "
+                             f"with hf_dspark.scheduling.register_policy), got {value!r}.")
     elif name in ("dspark_step_curve", "dspark_draft_curve"):
         if isinstance(value, (str, os.PathLike)):
             if not os.path.isfile(value):
@@ -63,6 +65,8 @@ def _check_value(name: str, value: Any) -> None:
         value, bool
     ):
         raise ValueError(f"{name} must be True or False, got {value!r}.")
+    elif name == "dspark_policy_memory" and not callable(getattr(value, "for_mode", None)):
+        raise ValueError(f"dspark_policy_memory must be a hf_dspark.scheduling.PolicyMemory, got {value!r}.")
     elif name == "dspark_observers":
         _check_observers(value)
 

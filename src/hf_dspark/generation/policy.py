@@ -2,10 +2,12 @@
 
 Selected through `GenerationConfig` attributes (they survive transformers' kwarg validation):
 
-- `dspark_policy`: `"auto"` (cost-aware: drafts only when it is expected to pay, `cost_policy`), `"fixed"`,
+- `dspark_policy`: a name registered in `hf_dspark.scheduling` (`available_policies()`): `"auto"` (cost-aware:
+  drafts only when it is expected to pay, `cost_policy`), `"fixed"`,
   `"greedy"` (Algorithm 1), `"lagged"` (lagged-capacity top-K) or
   `"threshold"` (static confidence threshold), or `"greedy_padded"` / `"lagged_padded"`, the same two rules under
-  the padded batch's real cost R·(1 + max ℓ_r) (one uniform ℓ for all rows; see `hf_dspark.padded_scheduler`).
+  the padded batch's real cost R·(1 + max ℓ_r) (one uniform ℓ for all rows; see `hf_dspark.scheduling.padded`),
+  or one added with `register_policy` (docs/scheduling.md, "Adding a policy").
   The load-aware policies need a drafter with a confidence head.
 - `dspark_verify_len`: ℓ for `"fixed"` (default γ).
 - `dspark_threshold`: survival threshold for `"threshold"` (default 0.5).
@@ -17,6 +19,8 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
   (oracle, prompt lookup) count as free.
 - `dspark_measured_costs`: True (default) lets `"auto"` correct its cost curves by the measured wall time of earlier
   rounds (`cost_correction`); False plans with the curves as given.
+- `dspark_policy_memory`: a `PolicyMemory` the caller owns, through which `"auto"` learns across calls (unset: each
+  call starts afresh, so two identical seeded calls give identical output).
 - `dspark_record_confidence`: when True, the statistics keep every round's raw confidence logits, so that
   `stats.calibration_pairs()` yields held-out (logits, prefix survival) pairs for STS (`hf-dspark calibrate`).
 
@@ -34,10 +38,11 @@ import torch
 from transformers.utils import logging
 
 from ..functional import prefix_survival
-from ..padded_scheduler import sunk_cost_stop
+from ..scheduling.expectation import expected_tokens
+from ..scheduling.records import PolicySettings, ScheduleRecord
+from ..scheduling.registry import canonical_policy_name, get_policy
 from ..step_curve import StepCurve
-from .acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker, heldout_acceptance, memory_for
-from .cost_policy import CostAwarePlanner, DraftPlan
+from .acceptance import heldout_acceptance
 from .options import validate_dspark_options
 
 if TYPE_CHECKING:
@@ -46,43 +51,31 @@ if TYPE_CHECKING:
 
 logger = logging.get_logger(__name__)
 
-POLICIES = ("auto", "fixed", "greedy", "lagged", "threshold", "greedy_padded", "lagged_padded")
-LOAD_AWARE = ("auto", "greedy", "lagged", "greedy_padded", "lagged_padded")
 DEFAULT_POLICY = "auto"
-
-
-@dataclass
-class ScheduleRecord:
-    """What a policy expected from its last decision (None when the drafter has no confidence head).
-
-    expected_tokens: τ̂ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}); expected_throughput: Θ̂ = τ̂·SPS(B) (None without a curve).
-    """
-
-    expected_tokens: float | None = None
-    expected_throughput: float | None = None
 
 
 @dataclass
 class VerificationPolicy:
     """Chooses each round's drafting rows (`plan`, before the drafter runs) and `verify_len` `[A]` (`__call__`,
     from the proposal; `cap` `[A]` bounds it, e.g. the remaining token budget − 1); `observe` feeds back what
-    verification accepted.
+    verification accepted. The rule itself is the registered policy `name` (`hf_dspark.scheduling.get_policy`).
 
     Args:
-        name: one of `POLICIES`.
+        name: a registered policy name (`hf_dspark.scheduling.available_policies()`).
         block_size: γ.
         verify_len: ℓ of `"fixed"` (default γ).
         threshold: survival threshold of `"threshold"`.
         step_curve: SPS(B) (`StepCurve` or JSON path), for the load-aware policies.
         draft_curve: the drafter's proposals per second against rows (`StepCurve` or path), for `"auto"`.
-        memory_key: the drafter, whose pooled acceptance `"auto"` remembers across calls (None: this call only).
-        greedy: the decoding mode of the requests (`not do_sample`): `"auto"` pools acceptance per mode and starts
-            from the held-out acceptance of that mode.
+        memory_key: the drafter, whose held-out acceptance `"auto"` starts from (None: no drafter prior).
+        greedy: the decoding mode of the requests (`not do_sample`).
         measured_costs: `"auto"` corrects its curves by the wall times of earlier rounds (`cost_correction`);
             False plans with the curves as given.
         acceptance_prior: γ conditional acceptance rates `"auto"` starts from. None: the held-out acceptance of
             `memory_key` for this mode when it is a calibrated drafter (`acceptance.heldout_acceptance`), else 0.5
             per position, weakly held.
+        memory: a `hf_dspark.scheduling.PolicyMemory` the caller owns, through which `"auto"` learns across calls
+            (None: this call only).
     """
 
     name: str = "fixed"
@@ -95,21 +88,22 @@ class VerificationPolicy:
     greedy: bool = True
     measured_costs: bool = True
     acceptance_prior: list[float] | None = None
+    memory: Any = field(default=None, repr=False)
     last_schedule: ScheduleRecord = field(default_factory=ScheduleRecord, repr=False)
-    _previous_survival: torch.Tensor | None = field(default=None, repr=False)
-    _planner: CostAwarePlanner | None = field(default=None, repr=False)
-    _plan: DraftPlan = field(default_factory=DraftPlan, repr=False)
+    rule: Any = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size (γ, the drafter's draft tokens per round) must be an int >= 1, got "
                              f"{self.block_size!r}.")
+        self.name = canonical_policy_name(self.name)
         validate_dspark_options({"dspark_policy": self.name, "dspark_verify_len": self.verify_len,
                                  "dspark_threshold": self.threshold, "dspark_step_curve": self.step_curve,
                                  "dspark_draft_curve": self.draft_curve})
+        cls = get_policy(self.name)
         if self.verify_len is not None and not 0 <= self.verify_len <= self.block_size:
             raise ValueError(f"dspark_verify_len must be in 0..{self.block_size} (γ), got {self.verify_len}.")
-        if self.name in LOAD_AWARE and self.step_curve is None:
+        if cls.needs_step_curve and self.step_curve is None:
             raise ValueError(
                 f"dspark_policy={self.name!r} needs a step curve: set generation_config.dspark_step_curve to a "
                 "StepCurve or the path of one saved by `hf-dspark profile`."
@@ -118,97 +112,52 @@ class VerificationPolicy:
             self.step_curve = StepCurve.load(self.step_curve)
         if isinstance(self.draft_curve, str):
             self.draft_curve = StepCurve.load(self.draft_curve)
-        if self.name == "auto":
-            if self.acceptance_prior is None and self.memory_key is not None:
-                self.acceptance_prior = heldout_acceptance(self.memory_key, self.greedy)
-            memory = memory_for(self.memory_key, self.block_size, self.greedy) if self.memory_key is not None else None
-            tracker = AcceptanceTracker(self.block_size, memory or AcceptanceMemory.empty(self.block_size),
-                                        **self._prior_fields())
-            self._planner = CostAwarePlanner(tracker, self.step_curve, self.draft_curve,
-                                             measured_costs=self.measured_costs)
+        if self.acceptance_prior is None and self.memory_key is not None:
+            self.acceptance_prior = heldout_acceptance(self.memory_key, self.greedy)
+        self.rule = cls(PolicySettings(
+            block_size=self.block_size, verify_len=self.verify_len, threshold=self.threshold,
+            step_curve=self.step_curve, draft_curve=self.draft_curve, greedy=self.greedy,
+            measured_costs=self.measured_costs, acceptance_prior=self.acceptance_prior, memory=self.memory))
 
-    def _prior_fields(self) -> dict[str, Any]:
-        """The pool's prior: the given held-out acceptance, firmly held, or the tracker's default (0.5, weakly)."""
-        if self.acceptance_prior is None:
-            return {}
-        return {"prior": list(self.acceptance_prior), "pool_prior_weight": INFORMED_PRIOR_WEIGHT}
+    @property
+    def planner(self):
+        """`"auto"`'s `CostAwarePlanner` (None for the other policies)."""
+        return getattr(self.rule, "planner", None)
 
-    def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
+    def plan(self, rows: list[Any], cap: torch.Tensor):
         """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them."""
-        self._plan = self._planner.plan(rows, cap) if self._planner is not None else DraftPlan()
-        return self._plan
+        return self.rule.plan(rows, cap)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
         """What verification kept this round (all active rows, ℓ = 0 for those that did not draft)."""
-        if self._planner is not None:
-            self._planner.tracker.observe(rows, verify_len, accepted)
+        self.rule.observe(rows, verify_len, accepted)
 
     def observe_round(self, record: RoundRecord) -> None:
         """A finished round's wall times ("auto" corrects its cost curves with them)."""
-        if self._planner is not None:
-            self._planner.observe_round(record)
+        self.rule.observe_round(record)
 
     def forget(self, rows: list[Any]) -> None:
         """Rows (ids) that left the batch."""
-        if self._planner is not None:
-            self._planner.tracker.forget(rows)
+        self.rule.forget(rows)
 
     def __call__(self, proposal: DSparkProposal, cap: torch.Tensor) -> torch.Tensor:
         rows = proposal.draft_ids.shape[0]
         device = proposal.draft_ids.device
         survival = prefix_survival(proposal.confidence) if proposal.confidence is not None else None
-        if self.name == "auto":
-            chosen = self._auto_length(survival, rows, device)
-        elif self.name == "fixed":
-            length = self.block_size if self.verify_len is None else self.verify_len
-            chosen = torch.full((rows,), length, dtype=torch.long, device=device)
-        else:
-            chosen = self._scheduled(survival)
+        chosen = self.rule.lengths(survival, rows, device)
         verify_len = torch.minimum(chosen, cap.clamp_min(0))
         self.last_schedule = self._expectation(survival, verify_len)
         return verify_len
 
-    def _auto_length(self, survival: torch.Tensor | None, rows: int, device) -> torch.Tensor:
-        """The planned L, cut by the sunk-cost early stop on this round's survivals when there are any."""
-        length = int(self._plan.length if self._plan.length is not None else self.block_size)
-        if survival is not None and not self._plan.probe:
-            total = self._plan.batch_rows or rows
-            sunk = float(self._planner.draft_seconds(rows)[rows])
-            length = sunk_cost_stop(survival, total, self._planner.verify_seconds(total), sunk, length,
-                                    forecast=self._plan.forecast)
-        return torch.full((rows,), length, dtype=torch.long, device=device)
-
-    def _scheduled(self, survival: torch.Tensor | None) -> torch.Tensor:
-        if survival is None:
-            raise ValueError(
-                f"dspark_policy={self.name!r} needs confidences, but this drafter has no confidence head; "
-                "use dspark_policy='fixed'."
-            )
-        from .. import padded_scheduler, scheduler
-
-        if self.name == "greedy":
-            return scheduler.schedule_greedy(survival, self.step_curve)
-        if self.name == "threshold":
-            return scheduler.schedule_threshold(survival, threshold=self.threshold)
-        if self.name == "greedy_padded":
-            return padded_scheduler.schedule_padded_greedy(survival, self.step_curve)
-        previous, self._previous_survival = self._previous_survival, survival
-        if self.name == "lagged_padded":
-            return padded_scheduler.schedule_padded_lagged(survival, self.step_curve, previous)
-        return scheduler.schedule_lagged(survival, self.step_curve, previous)
-
     def _expectation(self, survival: torch.Tensor | None, verify_len: torch.Tensor) -> ScheduleRecord:
-        """τ̂ and Θ̂ of the admitted candidates (a few small tensor ops; one host sync)."""
+        """τ̂ and Θ̂ of the admitted candidates (`scheduling.expectation`; one host sync)."""
         if survival is None:
             return ScheduleRecord()
-        positions = torch.arange(1, survival.shape[1] + 1, device=survival.device)
-        admitted = positions[None, :] <= verify_len[:, None]
-        tau = float((1.0 + (survival.double() * admitted).sum(dim=-1)).sum())
+        tau = float(expected_tokens(survival, verify_len))
         if self.step_curve is None:
             return ScheduleRecord(tau, None)
         batch_tokens = int(verify_len.numel() + verify_len.sum())
         return ScheduleRecord(tau, tau * self.step_curve.steps_per_second_at(batch_tokens))
-
 
 
 def _attr_or(config, name: str, default):
@@ -222,12 +171,13 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
     target: the target model; when given, a load-aware policy without `dspark_step_curve` gets the curve of this
     target's (model, device, dtype, current torch threads) from `load_or_profile_step_curve`. drafter: for
     `"auto"`, whose cost curve is looked up the same way (`load_or_profile_draft_curve`) and whose pooled
-    acceptance is remembered across calls.
+    held-out acceptance is its prior.
     """
-    name = getattr(generation_config, "dspark_policy", None) or DEFAULT_POLICY
+    name = canonical_policy_name(getattr(generation_config, "dspark_policy", None) or DEFAULT_POLICY)
+    needs_curve = get_policy(name).needs_step_curve
     step_curve = getattr(generation_config, "dspark_step_curve", None)
     draft_curve = getattr(generation_config, "dspark_draft_curve", None)
-    if name in LOAD_AWARE and step_curve is None and target is not None:
+    if needs_curve and step_curve is None and target is not None:
         from ..profiling import load_or_profile_step_curve
 
         step_curve = load_or_profile_step_curve(
@@ -244,6 +194,7 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
         step_curve=step_curve,
         draft_curve=draft_curve,
         memory_key=drafter,
+        memory=getattr(generation_config, "dspark_policy_memory", None),
         greedy=not generation_config.do_sample,
         measured_costs=_attr_or(generation_config, "dspark_measured_costs", True),
     )

@@ -1,0 +1,54 @@
+"""Verification-length scheduling, read top-down (docs/scheduling.md).
+
+- `records`: `ScheduleRecord`, `DraftPlan`, `PolicySettings` (what a policy is built from).
+- `base`: the `Policy` protocol and `BasePolicy`; `registry`: `register_policy` / `get_policy` /
+  `available_policies`, read by `generate`, `DSparkEngine`, the CLI and the benchmarks.
+- One module per policy: `fixed`, `threshold`, `greedy` (Algorithm 1), `lagged` (§5.2), `padded` (both under the
+  padded batch's cost), `auto` (cost-aware); `expectation`: the one τ̂ / Θ̂; `memory`: `auto`'s caller-owned memory.
+"""
+
+from .auto import AutoPolicy
+from .base import BasePolicy, Policy
+from .expectation import expected_throughput, expected_tokens
+from .fixed import FixedPolicy
+from .greedy import GreedyPolicy
+from .lagged import LaggedPolicy
+from .memory import PolicyMemory
+from .padded import PaddedGreedyPolicy, PaddedLaggedPolicy
+from .records import DraftPlan, PolicySettings, ScheduleRecord
+from .registry import NO_SPECULATION, available_policies, canonical_policy_name, get_policy, register_policy
+from .threshold import ThresholdPolicy
+
+DEFAULT_POLICY = "auto"
+
+register_policy("auto", AutoPolicy)
+register_policy("fixed", FixedPolicy)
+register_policy("greedy", GreedyPolicy)
+register_policy("lagged", LaggedPolicy)
+register_policy("threshold", ThresholdPolicy)
+register_policy("greedy_padded", PaddedGreedyPolicy)
+register_policy("lagged_padded", PaddedLaggedPolicy)
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "NO_SPECULATION",
+    "AutoPolicy",
+    "BasePolicy",
+    "DraftPlan",
+    "FixedPolicy",
+    "GreedyPolicy",
+    "LaggedPolicy",
+    "PaddedGreedyPolicy",
+    "PaddedLaggedPolicy",
+    "Policy",
+    "PolicyMemory",
+    "PolicySettings",
+    "ScheduleRecord",
+    "ThresholdPolicy",
+    "available_policies",
+    "canonical_policy_name",
+    "expected_throughput",
+    "expected_tokens",
+    "get_policy",
+    "register_policy",
+]
