@@ -27,7 +27,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,9 +39,9 @@ from transformers.generation.logits_process import (
 
 from ..scheduling.registry import NO_SPECULATION, available_policies, canonical_policy_name
 from .drafting import feature_layers
-from .options import check_sampling_settings, eos_token_ids
+from .options import DSparkGenerationOptions, check_sampling_settings, eos_token_ids
 from .packed_linear import linear_packs_for
-from .policy import VerificationPolicy, policy_from_config
+from .policy import VerificationPolicy, policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundBatch, RoundKernel, RoundRecord
@@ -141,8 +140,9 @@ def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool,
     if canonical_policy_name(name) not in available_policies():
         raise ValueError(f"policy must be {NO_SPECULATION!r}, one of {list(available_policies())} or a "
                          f"VerificationPolicy; got {name!r}.")
-    settings = SimpleNamespace(dspark_policy=name, do_sample=do_sample, dspark_packed_weights=packed_weights)
-    return policy_from_config(settings, drafter.config.block_size, target=target, drafter=drafter)
+    options = DSparkGenerationOptions(dspark_policy=name, dspark_packed_weights=packed_weights)
+    return policy_from_options(options, drafter.config.block_size, greedy=not do_sample, target=target,
+                               drafter=drafter)
 
 
 class DSparkEngine:

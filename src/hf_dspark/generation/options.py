@@ -1,5 +1,10 @@
 """Up-front checks of a DSpark `generate` call: the `dspark_*` options and the shape of the inputs.
 
+`DSparkGenerationOptions` holds the `dspark_*` options of one call (or engine), parsed and checked once from the
+`dspark_*` attributes of a `GenerationConfig` (`generate(**kwargs)` puts them there) or built directly; each
+field's `metadata["help"]` is the one description of the option, from which the README's table is rendered
+(`options_markdown_table`).
+
 Run before any forward pass, so a typo or an unsupported input fails at once with a message naming the input and
 the fix, as plain `generate` does for unknown keyword arguments.
 """
@@ -11,27 +16,12 @@ import math
 import numbers
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
 from ..scheduling.registry import available_policies, canonical_policy_name
-
-# Every `dspark_*` generation option, with what it accepts (see `hf_dspark.generation.policy`).
-DSPARK_OPTIONS: dict[str, str] = {
-    "dspark_policy": "a registered policy name (hf_dspark.scheduling.available_policies())",
-    "dspark_verify_len": "an integer 0..γ, the fixed verification length",
-    "dspark_threshold": "a number in [0, 1], the prefix-survival threshold of the 'threshold' policy",
-    "dspark_step_curve": "a StepCurve or the path of one saved by `hf-dspark profile`",
-    "dspark_draft_curve": "a StepCurve (drafter proposals per second against rows) or its JSON path, for 'auto'",
-    "dspark_measured_costs": "True/False, let 'auto' correct its cost curves by earlier rounds' wall times",
-    "dspark_observers": "a list of round observers (objects with on_round(record)), called every round",
-    "dspark_policy_memory": "a hf_dspark.scheduling.PolicyMemory through which 'auto' learns across calls",
-    "dspark_record_confidence": "True/False, keep every round's confidence logits in the statistics",
-    "dspark_stock_loop": "True/False, run transformers' own batch-1 assisted loop with the DSpark drafter",
-    "dspark_packed_weights": "True/False, verify with oneDNN-packed copies of the target's linear weights (unset: "
-                             "on for float32 CPU targets when the copies fit in memory)",
-}
 
 
 def _is_number(value: Any) -> bool:
@@ -84,6 +74,141 @@ def _check_observers(value: Any) -> None:
                 "on_round(record) method; an observer is an object with one (for a plain function f, pass "
                 "types.SimpleNamespace(on_round=f))."
             )
+
+
+@dataclass
+class DSparkGenerationOptions:
+    """The `dspark_*` generation options (each field's `metadata["help"]` says what it takes; None: the default).
+
+    Args:
+        dspark_policy: the verification policy's registered name (None: "auto").
+        dspark_verify_len: ℓ of the "fixed" policy (None: γ).
+        dspark_threshold: prefix-survival threshold of "threshold" (None: 0.5).
+        dspark_step_curve: the target's SPS(B) (None: looked up or profiled when the policy needs one).
+        dspark_draft_curve: the drafter's cost curve, for "auto" (None: looked up or profiled).
+        dspark_measured_costs: "auto" corrects its curves by earlier rounds' wall times (None: True).
+        dspark_policy_memory: caller-owned memory through which "auto" learns across calls (None: this call only).
+        dspark_observers: round observers, called every round.
+        dspark_record_confidence: keep every round's confidence logits in the statistics.
+        dspark_stock_loop: run transformers' own batch-1 assisted loop with the DSpark drafter.
+        dspark_packed_weights: verify with oneDNN-packed weight copies (None: automatic).
+    """
+
+    dspark_policy: str | None = field(
+        default=None,
+        metadata={
+            "help": (
+            "a registered policy name (hf_dspark.scheduling.available_policies(); default 'auto')"
+            )
+        },
+    )
+    dspark_verify_len: int | None = field(
+        default=None,
+        metadata={
+            "help": (
+            "an integer 0..γ, the fixed verification length (default γ)"
+            )
+        },
+    )
+    dspark_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": (
+            "a number in [0, 1], the prefix-survival threshold of the 'threshold' policy (default 0.5)"
+            )
+        },
+    )
+    dspark_step_curve: Any = field(
+        default=None,
+        metadata={
+            "help": (
+            "a StepCurve or the path of one saved by `hf-dspark profile`"
+            )
+        },
+    )
+    dspark_draft_curve: Any = field(
+        default=None,
+        metadata={
+            "help": (
+            "a StepCurve (drafter proposals per second against rows) or its JSON path, for 'auto'"
+            )
+        },
+    )
+    dspark_measured_costs: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+            "True/False, let 'auto' correct its cost curves by earlier rounds' wall times (default True)"
+            )
+        },
+    )
+    dspark_policy_memory: Any = field(
+        default=None,
+        metadata={
+            "help": (
+            "a hf_dspark.scheduling.PolicyMemory through which 'auto' learns across calls (default: each call "
+            "starts afresh)"
+            )
+        },
+    )
+    dspark_observers: Any = field(
+        default=None,
+        metadata={
+            "help": (
+            "a list of round observers (objects with on_round(record)), called every round"
+            )
+        },
+    )
+    dspark_record_confidence: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+            "True/False, keep every round's confidence logits in the statistics"
+            )
+        },
+    )
+    dspark_stock_loop: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+            "True/False, run transformers' own batch-1 assisted loop with the DSpark drafter"
+            )
+        },
+    )
+    dspark_packed_weights: bool | None = field(
+        default=None,
+        metadata={
+            "help": (
+            "True/False, verify with oneDNN-packed copies of the target's linear weights (unset: on for float32 "
+            "CPU targets when the copies fit in memory)"
+            )
+        },
+    )
+
+    def __post_init__(self) -> None:
+        for item in fields(self):  # each check names the field and what it accepts
+            _check_value(item.name, getattr(self, item.name))
+
+    @classmethod
+    def from_generation_config(cls, generation_config: Any) -> DSparkGenerationOptions:
+        """The `dspark_*` attributes of `generation_config` (others ignored; unset ones None)."""
+        return cls(**{item.name: getattr(generation_config, item.name, None) for item in fields(cls)})
+
+
+def option_help() -> dict[str, str]:
+    """Option name -> what it takes, in field order (the names `validate_dspark_options` accepts)."""
+    return {item.name: item.metadata["help"] for item in fields(DSparkGenerationOptions)}
+
+
+def options_markdown_table() -> str:
+    """The options as a Markdown table (`| option | what it takes |`), as the README shows it."""
+    lines = ["| option | what it takes |", "|---|---|"]
+    lines += [f"| `{name}` | {text.replace('|', chr(92) + '|')} |" for name, text in option_help().items()]
+    return "\n".join(lines) + "\n"
+
+
+# Every `dspark_*` generation option, with what it accepts.
+DSPARK_OPTIONS: dict[str, str] = option_help()
 
 
 def validate_dspark_options(options: Mapping[str, Any]) -> None:

@@ -43,7 +43,7 @@ from ..scheduling.records import PolicySettings, ScheduleRecord
 from ..scheduling.registry import canonical_policy_name, get_policy
 from ..step_curve import StepCurve
 from .acceptance import heldout_acceptance
-from .options import validate_dspark_options
+from .options import DSparkGenerationOptions, validate_dspark_options
 
 if TYPE_CHECKING:
     from ..modeling_outputs import DSparkProposal
@@ -160,28 +160,29 @@ class VerificationPolicy:
         return ScheduleRecord(tau, tau * self.step_curve.steps_per_second_at(batch_tokens))
 
 
-def _attr_or(config, name: str, default):
-    value = getattr(config, name, None)
-    return default if value is None else value
-
-
 def policy_from_config(generation_config, block_size: int, target=None, drafter=None) -> VerificationPolicy:
-    """Build the policy from `generation_config`'s `dspark_*` attributes (see the module docstring).
+    """Build the policy from `generation_config`'s `dspark_*` attributes (see the module docstring), parsed once
+    into `DSparkGenerationOptions`; `policy_from_options` does the rest."""
+    options = DSparkGenerationOptions.from_generation_config(generation_config)
+    return policy_from_options(options, block_size, greedy=not generation_config.do_sample, target=target,
+                               drafter=drafter)
+
+
+def policy_from_options(options: DSparkGenerationOptions, block_size: int, greedy: bool = True, target=None,
+                        drafter=None) -> VerificationPolicy:
+    """The policy of `options`, its curves resolved here (never inside the policy).
 
     target: the target model; when given, a load-aware policy without `dspark_step_curve` gets the curve of this
     target's (model, device, dtype, current torch threads) from `load_or_profile_step_curve`. drafter: for
-    `"auto"`, whose cost curve is looked up the same way (`load_or_profile_draft_curve`) and whose pooled
-    held-out acceptance is its prior.
+    `"auto"`, whose cost curve is looked up the same way (`load_or_profile_draft_curve`) and whose held-out
+    acceptance is its prior. greedy: the decoding mode (`not do_sample`).
     """
-    name = canonical_policy_name(getattr(generation_config, "dspark_policy", None) or DEFAULT_POLICY)
-    needs_curve = get_policy(name).needs_step_curve
-    step_curve = getattr(generation_config, "dspark_step_curve", None)
-    draft_curve = getattr(generation_config, "dspark_draft_curve", None)
-    if needs_curve and step_curve is None and target is not None:
+    name = canonical_policy_name(options.dspark_policy or DEFAULT_POLICY)
+    step_curve, draft_curve = options.dspark_step_curve, options.dspark_draft_curve
+    if get_policy(name).needs_step_curve and step_curve is None and target is not None:
         from ..profiling import load_or_profile_step_curve
 
-        step_curve = load_or_profile_step_curve(
-            target, packed_weights=getattr(generation_config, "dspark_packed_weights", None))
+        step_curve = load_or_profile_step_curve(target, packed_weights=options.dspark_packed_weights)
     if name == "auto" and draft_curve is None and drafter is not None:
         from ..draft_profiling import load_or_profile_draft_curve
 
@@ -189,12 +190,12 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
     return VerificationPolicy(
         name=name,
         block_size=block_size,
-        verify_len=getattr(generation_config, "dspark_verify_len", None),
-        threshold=_attr_or(generation_config, "dspark_threshold", 0.5),
+        verify_len=options.dspark_verify_len,
+        threshold=0.5 if options.dspark_threshold is None else options.dspark_threshold,
         step_curve=step_curve,
         draft_curve=draft_curve,
         memory_key=drafter,
-        memory=getattr(generation_config, "dspark_policy_memory", None),
-        greedy=not generation_config.do_sample,
-        measured_costs=_attr_or(generation_config, "dspark_measured_costs", True),
+        greedy=greedy,
+        measured_costs=options.dspark_measured_costs is not False,
+        memory=options.dspark_policy_memory,
     )

@@ -1,0 +1,46 @@
+"""`DSparkGenerationOptions`: parsed once from a GenerationConfig, validated per field, rendered for the README."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pytest
+from transformers import GenerationConfig
+
+from hf_dspark.generation.options import (
+    DSPARK_OPTIONS,
+    DSparkGenerationOptions,
+    options_markdown_table,
+    validate_dspark_options,
+)
+from hf_dspark.generation.policy import policy_from_config
+
+
+def test_parsed_from_a_generation_config():
+    config = GenerationConfig(do_sample=False, dspark_policy="fixed", dspark_verify_len=2, temperature=None)
+    options = DSparkGenerationOptions.from_generation_config(config)
+    assert (options.dspark_policy, options.dspark_verify_len, options.dspark_threshold) == ("fixed", 2, None)
+    policy = policy_from_config(config, block_size=4)
+    assert (policy.name, policy.verify_len, policy.greedy) == ("fixed", 2, True)
+
+
+@pytest.mark.parametrize(("field", "value", "match"), [
+    ("dspark_threshold", 1.5, r"dspark_threshold must be a number in \[0, 1\]"),
+    ("dspark_verify_len", -1, "dspark_verify_len must be a non-negative integer"),
+    ("dspark_policy", "fastest", r"dspark_policy must be one of \['auto'"),
+    ("dspark_measured_costs", "yes", "dspark_measured_costs must be True or False"),
+    ("dspark_policy_memory", object(), "dspark_policy_memory must be a hf_dspark.scheduling.PolicyMemory"),
+])
+def test_each_field_is_validated_with_its_name(field, value, match):
+    with pytest.raises(ValueError, match=match):
+        DSparkGenerationOptions(**{field: value})
+
+
+def test_one_description_per_field_and_the_table_lists_them():
+    names = [item.name for item in fields(DSparkGenerationOptions)]
+    assert list(DSPARK_OPTIONS) == names and all(DSPARK_OPTIONS.values())
+    table = options_markdown_table().splitlines()
+    assert table[0] == "| option | what it takes |" and len(table) == 2 + len(names)
+    assert all(f"`{name}`" in line for name, line in zip(names, table[2:]))
+    with pytest.raises(ValueError, match="did you mean 'dspark_threshold'"):
+        validate_dspark_options({"dspark_treshold": 0.5})
