@@ -10,9 +10,9 @@ from hf_dspark.generation.acceptance import (
     AcceptanceMemory,
     AcceptanceTracker,
     heldout_acceptance,
-    memory_for,
     observed_positions,
 )
+from hf_dspark.scheduling import PolicyMemory
 
 
 def test_observed_positions_censor_after_a_fully_accepted_prefix():
@@ -41,29 +41,17 @@ def test_tracker_estimates_per_request_with_the_pool_as_prior():
     assert not tracker.observed("good") and tracker.observed("bad")
 
 
-def test_memory_is_kept_per_drafter_across_calls():
-    class Drafter:
-        pass
-
-    drafter = Drafter()
-    memory = memory_for(drafter, 4)
-    AcceptanceTracker(4, memory).observe([0], torch.tensor([4]), torch.tensor([4]))
-    assert memory_for(drafter, 4) is memory and memory.observed
-    assert not memory_for(drafter, 5).observed  # another γ: a fresh memory
-
-
-def test_greedy_and_sampled_acceptance_are_pooled_apart():
+def test_policy_memory_is_kept_per_mode_and_gamma_and_resets():
     """Sampled drafts are accepted less often than greedy ones: one mode's evidence must not move the other's."""
-
-    class Drafter:
-        pass
-
-    drafter = Drafter()
-    greedy, sampled = memory_for(drafter, 4, greedy=True), memory_for(drafter, 4, greedy=False)
+    owner = PolicyMemory()
+    greedy, sampled = owner.for_mode(4, greedy=True), owner.for_mode(4, greedy=False)
     assert greedy is not sampled
     AcceptanceTracker(4, sampled).observe([0], torch.tensor([4]), torch.tensor([0]))
     assert sampled.observed and not greedy.observed
-    assert memory_for(drafter, 4, greedy=False) is sampled and memory_for(drafter, 4) is greedy
+    assert owner.for_mode(4, greedy=False) is sampled and owner.for_mode(4, greedy=True) is greedy
+    assert not owner.for_mode(5, greedy=False).observed  # another γ: a fresh memory
+    owner.reset()
+    assert not owner.for_mode(4, greedy=True).observed
 
 
 def test_positions_never_reached_inherit_the_rate_before_them():

@@ -17,7 +17,6 @@ on average, while a request that stays bad is re-tried only every several rounds
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +28,7 @@ from .cost_correction import CostCorrection
 @dataclass
 class AcceptanceMemory:
     """Pooled decayed counts `[γ]` over every observed row (the prior of new requests), the probe schedule and the
-    measured round costs (`CostCorrection`), kept across calls with the same drafter.
+    measured round costs (`CostCorrection`), kept across calls through a caller-owned `hf_dspark.scheduling.PolicyMemory`.
 
     The probe schedule: `probe_interval`, rounds between probes within the probe budget; `futile_probes`, probes in a
     row after which drafting still did not pay (each doubles the wait for the next); `probe_verdict_due`, a probe
@@ -56,30 +55,11 @@ class AcceptanceMemory:
 INFORMED_PRIOR_WEIGHT = 8.0  # pseudo-trials of a measured held-out acceptance in the pool
 PRIOR_CLIP = 0.02  # prior rates are clipped to [PRIOR_CLIP, 1 − PRIOR_CLIP]
 
-_MEMORIES: weakref.WeakKeyDictionary[Any, dict[bool, AcceptanceMemory]] = weakref.WeakKeyDictionary()
-
-
 def heldout_acceptance(drafter: Any, greedy: bool) -> list[float] | None:
     """The drafter's held-out conditional acceptance for this decoding mode (`DSparkConfig.acceptance_prior`), or
     None for drafters without one (never calibrated, or model-free)."""
     prior = getattr(getattr(drafter, "config", None), "acceptance_prior", None)
     return prior(greedy) if callable(prior) else None
-
-
-def memory_for(drafter: Any, block_size: int, greedy: bool = True) -> AcceptanceMemory:
-    """The pooled acceptance memory of `drafter` across calls, one per decoding mode (greedy and sampled drafts
-    are accepted at different rates, so one mode's evidence must not move the other's prior); a fresh one for an
-    unseen drafter, mode or γ."""
-    try:
-        memories = _MEMORIES.get(drafter)
-    except TypeError:  # not weak-referenceable: no memory across calls
-        return AcceptanceMemory.empty(block_size)
-    if memories is None:
-        memories = _MEMORIES[drafter] = {}
-    memory = memories.get(bool(greedy))
-    if memory is None or memory.trials.numel() != block_size:
-        memory = memories[bool(greedy)] = AcceptanceMemory.empty(block_size)
-    return memory
 
 
 def observed_positions(verify_len: torch.Tensor, accepted: torch.Tensor, block_size: int) -> tuple[torch.Tensor,
