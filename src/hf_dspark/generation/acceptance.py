@@ -28,7 +28,8 @@ from .cost_correction import CostCorrection
 @dataclass
 class AcceptanceMemory:
     """Pooled decayed counts `[γ]` over every observed row (the prior of new requests), the probe schedule and the
-    measured round costs (`CostCorrection`), kept across calls through a caller-owned `hf_dspark.scheduling.PolicyMemory`.
+    measured round costs (`CostCorrection`), kept across calls through a caller-owned
+    `hf_dspark.scheduling.PolicyMemory`.
 
     The probe schedule: `probe_interval`, rounds between probes within the probe budget; `futile_probes`, probes in a
     row after which drafting still did not pay (each doubles the wait for the next); `probe_verdict_due`, a probe
