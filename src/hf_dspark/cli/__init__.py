@@ -1,7 +1,7 @@
 """`hf-dspark`: a thin command line over the library. Run `hf-dspark <command> --help` for each command.
 
 One module per command group, each with an `add_*_command(subparsers)` that holds its argument definitions:
-`demo`, `bench` (speed, serve), `scheduling` (profile, calibrate), `eval`, `export`, and `training`
+`demo`, `bench` (speed, serve), `scheduling` (profile, calibrate), `eval`, `export`, `check_layout`, and `training`
 (prepare-data, train: HfArgumentParser over the config dataclasses). `loaders` holds the target/drafter loaders
 and argument types every command shares; `validation` the checks run before any model is loaded.
 """
@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .bench import add_bench_command
+from .check_layout import add_check_layout_command
 from .demo import add_demo_command
 from .eval import add_eval_command
 from .export import add_export_command
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_command(sub)
     add_eval_command(sub)
     add_export_command(sub)
+    add_check_layout_command(sub)
     sub.add_parser("prepare-data", help=PREPARE_DATA_HELP, add_help=False)
     sub.add_parser("train", help=TRAIN_HELP, add_help=False)
     return parser

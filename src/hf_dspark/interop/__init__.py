@@ -16,12 +16,14 @@ from .export import export_deepspec, export_drafter
 from .hub import add_remote_code, save_for_hub, write_model_card
 from .layout_flags import ASSUME_LAYOUTS
 from .loading import LAYOUTS, detect_layout, load_drafter
+from .probe import LayoutProbe, probe_layout
 
 __all__ = [
     "ASSUME_LAYOUTS",
     "ENGINE_CONTRACTS",
     "LAYOUTS",
     "EngineContract",
+    "LayoutProbe",
     "Refusal",
     "add_remote_code",
     "check_export",
@@ -30,6 +32,7 @@ __all__ = [
     "export_drafter",
     "get_contract",
     "load_drafter",
+    "probe_layout",
     "readme",
     "refusals",
     "register_engine_contract",
