@@ -106,3 +106,20 @@ def test_sampling_matches_target_distribution(sampling_setup, kind, name):
     if kind == "hybrid":
         assert min(drafter.source_counts) > 0, drafter.source_counts
     assert _chi_square_pvalue(codes, joint) > 1e-4
+
+
+def test_eval_specs_build_model_free_and_hybrid_drafters(target):
+    import argparse
+
+    from hf_dspark.cli.loaders import load_drafter_spec
+    from hf_dspark.cli.validation import check_drafter_spec
+    from hf_dspark.proposers import SuffixProposer
+
+    assert isinstance(load_drafter_spec(target, "suffix:5"), SuffixProposer)
+    hybrid = load_drafter_spec(target, "hybrid-suffix:untrained:4")
+    assert isinstance(hybrid, HybridDrafter) and hybrid.config.block_size == 4
+    parser = argparse.ArgumentParser()
+    check_drafter_spec(parser, "--drafters x=", "prompt-lookup:7")
+    for bad in ("hybrid", "suffix:zero"):
+        with pytest.raises(SystemExit):
+            check_drafter_spec(parser, "--drafters x=", bad)

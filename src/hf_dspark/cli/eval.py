@@ -67,7 +67,8 @@ def add_eval_command(sub) -> None:
     """Register `eval` on the top-level subparsers."""
     ev = sub.add_parser("eval", help="offline accepted length τ per set and drafter, with its figures")
     ev.add_argument("--drafters", nargs="*", type=parse_drafter_spec, default=[], metavar="NAME=PATH",
-                    help="drafters side by side (PATH `untrained[:γ]` = a random DSpark drafter, for smoke runs)")
+                    help="drafters side by side (PATH `untrained[:γ]` = a random DSpark drafter, for smoke runs; "
+                         "`prompt-lookup[:γ]`, `suffix[:γ]`, `hybrid:PATH`, `hybrid-suffix:PATH`: no model / hybrid)")
     ev.add_argument("--prompt-lookup", action="store_true", help="add prompt lookup as a drafter")
     ev.add_argument("--sets", nargs="+", default=PAPER_SETS, help="JSONL prompt sets (default: the paper's six)")
     ev.add_argument("--temperature", type=float, default=1.0, help="1.0 samples (top-k/p off); 0 is greedy")

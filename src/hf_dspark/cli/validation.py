@@ -49,6 +49,15 @@ def check_drafter_spec(parser: argparse.ArgumentParser, option: str, spec: str |
     """`untrained` / `untrained:γ` (γ an integer >= 1) or a drafter folder / Hub id (`check_drafter_path`)."""
     if spec is None:
         return
+    kind, _, rest = spec.partition(":")
+    if kind in ("hybrid", "hybrid-suffix"):
+        if not rest:
+            parser.error(f"{option} {spec}: name the DSpark drafter after '{kind}:', e.g. {kind}:untrained:7")
+        return check_drafter_spec(parser, option, rest)
+    if kind in ("prompt-lookup", "suffix"):
+        if rest and (not rest.isdigit() or int(rest) < 1):
+            parser.error(f"{option} {spec}: γ after '{kind}:' must be an integer >= 1, e.g. {kind}:7")
+        return None
     if spec == "untrained" or spec.startswith("untrained:"):
         gamma = spec.partition(":")[2]
         if gamma and (not gamma.isdigit() or int(gamma) < 1):

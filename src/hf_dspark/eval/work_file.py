@@ -33,7 +33,8 @@ def drafter_identity(drafter: nn.Module) -> str:
     config = {k: v for k, v in config.items() if not k.startswith("_") and k not in IDENTITY_IGNORED}
     digest.update(type(drafter).__qualname__.encode())
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(drafter.state_dict().items()):
+    state = drafter.state_dict() if hasattr(drafter, "state_dict") else {}  # model-free proposers: none
+    for name, tensor in sorted(state.items()):
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()

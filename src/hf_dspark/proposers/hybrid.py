@@ -128,6 +128,10 @@ class HybridDrafter:
         """The DSpark drafter's parameters (the proposer has none)."""
         return self.drafter.parameters(recurse)
 
+    def state_dict(self):
+        """The DSpark drafter's weights (the hybrid's identity in result files)."""
+        return self.drafter.state_dict()
+
     def bind_target(self, target) -> None:
         self.drafter.bind_target(target)
 
