@@ -23,8 +23,8 @@ import torch
 
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.provenance import processor_kind, with_provenance
-from hf_dspark.scheduler import StepCurve
 from hf_dspark.scheduling import get_policy
+from hf_dspark.step_curve import StepCurve
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """Cost curves: SPS(B) of the target's verification forward and the drafter's proposals per second at R rows.
 
 `StepCurve` is a piecewise-linear table x -> steps per second (x: batch tokens B for the target's curve, rows R for
-the drafter's). It is its own module so that the schedulers (`scheduler`, `padded_scheduler`) and the profiler
+the drafter's). It is its own module so that the policies (`hf_dspark.scheduling`) and the profiler
 import it without importing each other. `check_survival` validates a `[R, γ]` prefix-survival tensor.
 """
 

@@ -77,8 +77,8 @@ def _auto_explained(target, drafter, stats, greedy: bool) -> str:
     from ..draft_profiling import load_or_profile_draft_curve
     from ..generation.acceptance import heldout_acceptance
     from ..hardware import processor_signature
-    from ..padded_scheduler import batch1_outlook, padded_verify_seconds
     from ..profiling import load_or_profile_step_curve
+    from ..scheduling.padded import batch1_outlook, padded_verify_seconds
 
     drafted = f"'auto' drafted in {stats.rounds - stats.skipped_rounds} of {stats.rounds} rounds"
     acceptance = heldout_acceptance(drafter, greedy)

@@ -205,7 +205,7 @@ def json_object_file(text: str) -> dict[str, Any]:
 
 def step_curve_file(text: str) -> dict[str, Any]:
     """argparse type: a step-curve JSON file (`hf-dspark profile` output), parsed and checked; returns the dict."""
-    from ..scheduler import StepCurve
+    from ..step_curve import StepCurve
 
     payload = json_object_file(text)
     try:
