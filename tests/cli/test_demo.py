@@ -34,3 +34,12 @@ def test_demo_says_how_often_auto_drafted_and_what_drafting_can_give(llama_targe
 def test_demo_says_when_the_drafter_has_no_acceptance_to_forecast_with(llama_target):
     line = _auto_explained(llama_target, make_drafter(llama_target), _stats([0, 0]), greedy=True)
     assert line == "'auto' drafted in 0 of 2 rounds (this drafter has no held-out acceptance to forecast with)."
+
+
+def test_demo_speedup_line_has_median_and_spread_or_says_drafting_did_not_help():
+    from hf_dspark.cli.demo import speedup_summary
+
+    line = speedup_summary([1.0, 1.2, 1.4, 1.6, 1.8], accepted_drafts=12)
+    assert "1.40x" in line and "interquartile range 1.20-1.60x" in line and "5 interleaved pairs" in line
+    idle = speedup_summary([2.6, 0.98, 1.0], accepted_drafts=0)
+    assert "drafting did not help" in idle and "speedup" not in idle

@@ -116,10 +116,24 @@ def _compare(args, target, drafter, input_ids, kwargs, output, dspark_seconds: f
         "different samples (sampling)" if args.sample else f"identical output in {identical} of {len(ratios)} "
         "runs; the others differ at a near-tie: bf16 rounds a k-token verification differently from a 1-token "
         "step; use --dtype float32 for bit-identical output")
-    pairs = f"median of {len(ratios)} paired runs: " + ", ".join(f"{r:.2f}" for r in ratios) if len(ratios) > 1 \
-        else "one run"
-    print(f"plain generate: {statistics.median(plain_rates):.1f} tokens/s; DSpark speedup "
-          f"{statistics.median(ratios):.2f}x ({pairs}; {verdict})")
+    accepted = drafter.last_generation_stats.draft_tokens_accepted
+    print(f"plain generate: {statistics.median(plain_rates):.1f} tokens/s; "
+          + speedup_summary(ratios, accepted, args.sample) + f"; {verdict}")
+
+
+def speedup_summary(ratios: list[float], accepted_drafts: int, sampled: bool = False) -> str:
+    """The demo's speedup line from the paired DSpark/plain tokens-per-second ratios: the median and interquartile
+    range (wall clock, `time.perf_counter`; on a shared machine other jobs widen the spread), or, when the last
+    DSpark run accepted no draft, that drafting did not help (a ratio then measures noise, not drafting)."""
+    if accepted_drafts == 0:
+        return (f"no draft was accepted, so drafting did not help on this prompt (the {len(ratios)} paired "
+                f"timings differ by noise, median ratio {statistics.median(ratios):.2f})")
+    if len(ratios) < 4:
+        return f"DSpark speedup {statistics.median(ratios):.2f}x (median of {len(ratios)} paired run(s))"
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return (f"DSpark speedup {statistics.median(ratios):.2f}x, interquartile range {q1:.2f}-{q3:.2f}x over "
+            f"{len(ratios)} interleaved pairs (time.perf_counter wall clock; other jobs on a shared machine widen "
+            "the spread)")
 
 
 def add_demo_command(sub) -> None:
@@ -138,7 +152,7 @@ def add_demo_command(sub) -> None:
                       help="dspark_policy of the DSpark runs (default auto: cost-aware; fixed: verify all γ drafts)")
     demo.add_argument("--sample", action="store_true", help="sample (T=0.7, top-p 0.9) instead of greedy decoding")
     demo.add_argument("--no-compare", dest="compare", action="store_false", help="skip the plain-generate runs")
-    demo.add_argument("--repeats", type=positive_int, default=5,
+    demo.add_argument("--repeats", type=positive_int, default=9,
                       help="DSpark / plain pairs, run alternately; the speedup printed is the median of their ratios "
-                      "(five: on a shared machine single pairs of identical work spread by several percent)")
+                      "and their interquartile range (nine: single pairs on a shared machine spread)")
     demo.set_defaults(func=cmd_demo, parser=demo)
