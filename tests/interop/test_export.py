@@ -339,3 +339,23 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_cli_export_dtype_and_assume_layout(tmp_path, qwen3_target, capsys):
+    qwen3_target.save_pretrained(tmp_path / "target")
+    make_drafter(qwen3_target, mask_token_id=95).save_pretrained(tmp_path / "drafter")
+    base = ["export", "--drafter", str(tmp_path / "drafter"), "--target", str(tmp_path / "target")]
+    assert cli_main([*base, str(tmp_path / "bf16")]) == 0  # vLLM in bfloat16 by default
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert check_export(tmp_path / "bf16", "vllm") == []
+    assert cli_main([*base, "--engine", "speculators", "--dtype", "float32", str(tmp_path / "fp32")]) == 0
+    assert json.loads((tmp_path / "fp32" / "config.json").read_text())["dtype"] == "float32"
+    assert check_export(tmp_path / "fp32", "speculators") == []
+    raw = json.loads((tmp_path / "bf16" / "config.json").read_text())
+    raw["dflash_config"]["query_zero_predicts_next"] = False  # now conflicts with the other spellings
+    (tmp_path / "bf16" / "config.json").write_text(json.dumps(raw))
+    conflicting = ["export", "--drafter", str(tmp_path / "bf16"), "--target", str(tmp_path / "target")]
+    with pytest.raises(ValueError, match="conflicting block layouts"):
+        cli_main([*conflicting, str(tmp_path / "again")])
+    assert cli_main([*conflicting, "--assume-layout", "anchor-first", str(tmp_path / "again")]) == 0
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["dflash_config"]["query_zero_predicts_next"]
