@@ -148,3 +148,29 @@ def test_the_shipped_drafter_verdicts_per_engine():
     retrained = DSparkConfig.from_dict(config.to_dict() | {"use_qk_norm": True})
     assert refusals(retrained, "vllm") == [] and refusals(retrained, "speculators") == []
     assert any("draft vocabulary" in r.reason for r in refusals(retrained, "sglang"))
+
+
+@pytest.mark.parametrize(
+    ("engine", "head", "anchor_first"),
+    [
+        ("deepspec", "markov", True),
+        ("vllm", "markov", True),
+        ("sglang", "none", True),
+        ("vllm", "none", False),
+        ("sglang", "none", False),
+    ],
+)
+def test_exports_propose_like_the_reference_implementation(tmp_path, qwen3_target, engine, head, anchor_first):
+    """The reference forward written from DeepSpec's equations, run on the exported folder's own tensors and
+    config, drafts what the drafter loaded back from that folder drafts."""
+    from tests.interop.test_read_layouts import _check_rows, _prompts, _propose
+
+    out = export_drafter(
+        _drafter(qwen3_target, head, anchor_first, None), tmp_path / "e", engine=engine, dtype=torch.float32
+    )
+    loaded = DSparkDrafter.from_pretrained(out, target=qwen3_target)
+    ids, mask = _prompts(qwen3_target, [9, 5, 7])
+    proposal, feats = _propose(loaded, qwen3_target, ids, mask)
+    checked = list(_check_rows(proposal, out, qwen3_target, ids, mask, feats, loaded.config.first_draft_slot))
+    for r, conf in checked:
+        torch.testing.assert_close(proposal.confidence_logits[r], conf, rtol=1e-4, atol=1e-5)
