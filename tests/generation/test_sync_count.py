@@ -1,0 +1,87 @@
+"""Host-device sync points per verification round (`hf_dspark.diagnostics.SyncCounter`), fixed and auto, greedy
+and sampling, at batch 1, 8 and 64: every one would stall the device's queue on a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from hf_dspark.diagnostics import COUNTED, SyncCounter
+from hf_dspark.eval.oracle import oracle_for
+from hf_dspark.generation import loop as loop_module
+from hf_dspark.scheduler import StepCurve
+from tests.helpers import make_target, ragged_prompts
+
+FLAT = StepCurve([1, 4096], [1.0, 1.0])
+NEW_TOKENS = 16
+# the most sync points one round may have, per (batch, policy, sampling)
+BOUND = {
+    (1, "fixed", False): 23,
+    (1, "fixed", True): 20,
+    (1, "auto", False): 33,
+    (1, "auto", True): 29,
+    (8, "fixed", False): 121,
+    (8, "fixed", True): 65,
+    (8, "auto", False): 131,
+    (8, "auto", True): 79,
+    (64, "fixed", False): 905,
+    (64, "fixed", True): 399,
+    (64, "auto", False): 915,
+    (64, "auto", True): 408,
+}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("llama", seed=3, eos_token_id=None)
+
+
+def syncs_per_round(target, batch: int, policy: str, do_sample: bool, record_sites: bool = False):
+    """(sync points of each `DSparkLoop.step`, the events of each) for one generate call with the oracle drafter;
+    greedy output is checked against plain generate."""
+    ids, mask = ragged_prompts(batch, seed=batch)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=NEW_TOKENS)
+    drafter = oracle_for(target, 4, reference, mask)
+    options = dict(
+        do_sample=do_sample,
+        max_new_tokens=NEW_TOKENS,
+        dspark_policy=policy,
+        dspark_step_curve=FLAT,
+        dspark_measured_costs=False,
+    )
+    if do_sample:
+        options.update(top_k=0, temperature=1.0)
+    counter = SyncCounter(target, ids, mask, drafter.reference, record_sites=record_sites)
+    rounds = []
+    step = loop_module.DSparkLoop.step
+
+    def counted_step(loop):
+        before = len(counter.events)
+        step(loop)
+        rounds.append(counter.events[before:])
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(loop_module.DSparkLoop, "step", counted_step)
+    try:
+        torch.manual_seed(0)
+        with counter:
+            output = target.generate(
+                ids, attention_mask=mask, assistant_model=drafter, generation_config=GenerationConfig(**options)
+            )
+    finally:
+        patch.undo()
+    if not do_sample:
+        assert torch.equal(output, reference)
+    return [sum(1 for e in events if e.kind in COUNTED) for events in rounds], rounds
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_sync_points_per_round(target, batch, policy, do_sample):
+    counts, rounds = syncs_per_round(target, batch, policy, do_sample)
+    assert counts, "no verification round ran"
+    worst = max(range(len(counts)), key=counts.__getitem__)
+    events = sorted({(e.kind, e.op) for e in rounds[worst] if e.kind in COUNTED})
+    assert counts[worst] <= BOUND[batch, policy, do_sample], (counts, events)
