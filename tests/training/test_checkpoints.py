@@ -167,3 +167,30 @@ def test_validation_seed_keeps_the_split_when_the_seed_changes(tmp_path, tiny_ta
     reseeded = _validation_inputs(tmp_path, tiny_target_dir, "seed1", seed=1, validation_seed=None)
     assert continued == first
     assert reseeded != first
+
+
+@pytest.mark.parametrize("change", [dict(block_size=3), dict(target_layer_ids=[1, 0])])
+def test_resuming_with_other_drafter_settings_is_refused(tmp_path, tiny_target_dir, run_dir, change):
+    # Same tensor shapes as the checkpoint, other meaning: the run must not continue under the new settings.
+    name = next(iter(change))
+    with pytest.raises(ValueError, match=rf"cannot resume from .*checkpoint-4: .*{name}: checkpoint"):
+        train(_config(tmp_path, tiny_target_dir, **change), _args(run_dir, resume_from_checkpoint="auto"))
+
+
+def test_empty_or_malformed_data_is_refused_before_the_target_loads(tmp_path, monkeypatch):
+    import hf_dspark.training.train as train_module
+
+    def no_target(config):
+        raise AssertionError("the target was loaded before the data was checked")
+
+    monkeypatch.setattr(train_module, "load_training_target", no_target)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    config = DSparkTrainConfig(data=[str(empty)], target=str(tmp_path / "unused"), block_size=4)
+    with pytest.raises(ValueError, match=r"no conversations in .*empty.jsonl.*prepare-data"):
+        train(config, _args(tmp_path / "out"))
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"input_ids": [1, 2], "loss_mask": [0, 1]}\n{"input_ids": [1, 2\n')
+    config = DSparkTrainConfig(data=[str(broken)], target=str(tmp_path / "unused"), block_size=4)
+    with pytest.raises(ValueError, match=r"broken.jsonl"):
+        train(config, _args(tmp_path / "out2"))

@@ -156,3 +156,33 @@ def save_final_model(trainer, output_dir: str | Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.accelerator.wait_for_everyone()
 
+
+
+# Settings a resumed run must share with its checkpoint: they change what the weights mean without changing any
+# tensor shape, so a mismatch would train on silently while the saved config claims the new values.
+RESUME_FIXED_FIELDS = (
+    "block_size", "target_layer_ids", "num_target_layers", "head_type", "markov_rank", "use_confidence_head",
+    "confidence_with_markov", "sample_from_anchor", "num_hidden_layers", "hidden_size",
+    "draft_vocab_size", "vocab_size",
+)
+
+
+def check_resume_config(checkpoint: str | Path, config) -> None:
+    """Refuse to resume `checkpoint` with a drafter `config` whose architecture settings differ from the ones the
+    checkpoint was trained with (its `config.json`), naming each field and both values."""
+    path = Path(checkpoint) / "config.json"
+    if not path.is_file():
+        return  # adapter-only checkpoints carry no drafter config; their shapes are checked on load
+    saved = json.loads(path.read_text())
+    current = config.to_dict()
+    changed = [
+        f"{name}: checkpoint {saved[name]!r}, now {current.get(name)!r}"
+        for name in RESUME_FIXED_FIELDS
+        if name in saved and saved[name] != current.get(name)
+    ]
+    if changed:
+        raise ValueError(
+            f"cannot resume from {checkpoint}: it was trained with other drafter settings ({'; '.join(changed)}). "
+            "Resume with the checkpoint's settings, or start a new run in another --output_dir (or pass "
+            "--overwrite_output_dir without --resume_from_checkpoint)."
+        )

@@ -24,7 +24,13 @@ from transformers.utils import logging
 from ..configuration_dspark import HEAD_TYPES
 from ..interop.sources import resolve_model_source
 from ..modeling_dspark import DSparkDrafter
-from .checkpoints import check_output_dir, checkpoint_problem, last_complete_checkpoint, save_final_model
+from .checkpoints import (
+    check_output_dir,
+    check_resume_config,
+    checkpoint_problem,
+    last_complete_checkpoint,
+    save_final_model,
+)
 from .data import DSparkDataset, build_dataset, expand_jsonl_paths, load_conversations, split_validation
 from .drafter_init import build_training_drafter, draft_vocab_from_examples, end_of_turn_ids
 from .features import TargetFeatureProvider, build_feature_cache
@@ -253,8 +259,11 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
 
         slow = "bfloat16" if args.bf16 else "float16" if args.fp16 else config.target_dtype
         warn_if_slow_dtype(slow, "cpu", fix="train with --target_dtype float32 and without --bf16 / --fp16")
+    records = load_conversations(config.data)[: config.max_examples]  # bad data is refused before the target loads
+    if not records:
+        raise ValueError(f"no conversations in {config.data}: the data files are empty. Run `hf-dspark prepare-data` "
+                         "on a prompt file to make training data.")
     target, tokenizer = load_training_target(config)
-    records = load_conversations(config.data)[: config.max_examples]
     dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
     train_examples, val_examples = split_validation(
         dataset.examples, config.validation_fraction,
@@ -262,6 +271,8 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
     )
     _check_examples(config, records, len(dataset), len(train_examples))
     drafter = build_drafter(config, target, train_examples, tokenizer)
+    if resume is not None:
+        check_resume_config(resume, drafter.config)
     train_set = DSparkDataset(train_examples)
     eval_set = DSparkDataset(val_examples) if val_examples else None
     if args.process_index == 0:
