@@ -9,7 +9,7 @@ from hf_dspark.scheduling import PolicyMemory
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 FLAT = StepCurve([1, 4096], [1.0, 1.0])
-DRAFT = StepCurve([1, 4096], [1 / 0.3, 1 / 0.3])
+DRAFT = StepCurve([1, 4096], [1 / 0.9, 1 / 0.9])  # dear drafting: what "auto" remembers changes its plans
 OPTIONS = dict(do_sample=True, temperature=1.0, max_new_tokens=24, dspark_policy="auto", dspark_step_curve=FLAT,
                dspark_draft_curve=DRAFT, dspark_measured_costs=False)
 
