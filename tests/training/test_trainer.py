@@ -84,16 +84,20 @@ def test_save_model_writes_drafter_only_and_reloads(tmp_path, tiny_target, tiny_
         torch.testing.assert_close(reloaded.state_dict()[name], value)
 
 
-def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, tiny_target):
-    dataset = build_dataset(tokenized_records(16))
+@pytest.mark.parametrize("strategy", ["random", "group_by_length"])
+def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, tiny_target, strategy):
+    # Length grouping shuffles megabatches of 50 batches: 60 one-example batches make two, so the order depends on
+    # the sampler's draw; 70 steps cross into a second epoch after resuming at step 35.
+    dataset = build_dataset(tokenized_records(60))
     full = make_tiny_drafter(tiny_target)
-    args = _args(tmp_path / "a", max_steps=4, save_strategy="steps", save_steps=2, per_device_train_batch_size=2)
+    common = dict(max_steps=70, per_device_train_batch_size=1, train_sampling_strategy=strategy, logging_steps=10)
+    args = _args(tmp_path / "a", save_strategy="steps", save_steps=35, **common)
     DSparkTrainer(model=full, args=args, target=tiny_target, train_dataset=dataset).train()
     resumed = make_tiny_drafter(tiny_target, seed=123)  # different init: the checkpoint must restore everything
-    args_b = _args(tmp_path / "b", max_steps=4, save_strategy="no", per_device_train_batch_size=2)
+    args_b = _args(tmp_path / "b", save_strategy="no", **common)
     trainer = DSparkTrainer(model=resumed, args=args_b, target=tiny_target, train_dataset=dataset)
-    trainer.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-2"))
-    assert trainer.state.global_step == 4
+    trainer.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-35"))
+    assert trainer.state.global_step == 70
     for name, value in full.state_dict().items():
         torch.testing.assert_close(resumed.state_dict()[name], value, atol=1e-6, rtol=1e-5)
 

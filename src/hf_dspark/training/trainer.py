@@ -28,6 +28,7 @@ from ..losses import IGNORE_INDEX, DSparkLossOutput, dspark_loss
 from .checkpoints import publish_checkpoint, staging_dir
 from .collator import DSparkCollator
 from .features import TargetFeatureProvider, target_probs_at
+from .sampling import EpochSeededLengthGroupedSampler
 
 logger = logging.get_logger(__name__)
 
@@ -180,6 +181,15 @@ class DSparkTrainer(Trainer):
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
         self._metric_weights: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
         self._metric_counts = {"train": 0, "eval": 0}
+
+    def _get_train_sampler(self, train_dataset=None):
+        """`group_by_length` with an order drawn from (seed, epoch), so resuming reproduces an uninterrupted run."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.args.train_sampling_strategy != "group_by_length" or not hasattr(dataset, "examples"):
+            return super()._get_train_sampler(train_dataset)
+        lengths = [len(example["input_ids"]) for example in dataset.examples]
+        batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+        return EpochSeededLengthGroupedSampler(batch, lengths, seed=self.args.seed)
 
     def compute_loss(
         self,
