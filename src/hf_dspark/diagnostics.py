@@ -173,8 +173,8 @@ class SyncCounter(TorchDispatchMode):
             return out
         if device_in and any(t.dim() > 0 and not self.on_device(t) for t in flat):
             self._record("mixed", name)
-        for tensor in tree_flatten(out)[0]:
-            self._set(tensor, bool(device_in))
+        for tensor in tree_flatten(out)[0]:  # made inside an op (no tensor inputs): on the device
+            self._set(tensor, bool(device_in) or not flat)
         return out
 
     def _count_reads(self, name: str, args, kwargs, flat: list[torch.Tensor]) -> None:
@@ -263,6 +263,7 @@ class SyncCounter(TorchDispatchMode):
                     isinstance(v, (str, torch.device, torch.Tensor, int)) and not isinstance(v, bool) for v in values
                 )
                 host = any(_is_host_string(v) for v in values)
+                host = host or any(isinstance(v, torch.Tensor) and not self.on_device(v) for v in values)
             if not target_given:
                 return out
             if host and self.on_device(tensor):

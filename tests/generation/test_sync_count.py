@@ -17,18 +17,18 @@ FLAT = StepCurve([1, 4096], [1.0, 1.0])
 NEW_TOKENS = 16
 # the most sync points one round may have, per (batch, policy, sampling)
 BOUND = {
-    (1, "fixed", False): 23,
-    (1, "fixed", True): 20,
-    (1, "auto", False): 33,
-    (1, "auto", True): 29,
-    (8, "fixed", False): 121,
-    (8, "fixed", True): 65,
-    (8, "auto", False): 131,
-    (8, "auto", True): 79,
-    (64, "fixed", False): 905,
-    (64, "fixed", True): 399,
-    (64, "auto", False): 915,
-    (64, "auto", True): 408,
+    (1, "fixed", False): 8,
+    (1, "fixed", True): 12,
+    (1, "auto", False): 20,
+    (1, "auto", True): 24,
+    (8, "fixed", False): 15,
+    (8, "fixed", True): 24,
+    (8, "auto", False): 27,
+    (8, "auto", True): 46,
+    (64, "fixed", False): 71,
+    (64, "fixed", True): 128,
+    (64, "auto", False): 83,
+    (64, "auto", True): 153,
 }
 
 

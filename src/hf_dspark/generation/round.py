@@ -170,9 +170,10 @@ class RoundKernel:
         scores = self.processors.apply_positions(batch.rows, histories, drafts, out.logits, verify_len + 1)
         result = self._verify(drafts, draft_probs, scores, verify_len, steps)
         accepted = result.num_accepted
-        for a in range(len(batch.rows)):
-            m = int(accepted[a])
-            tokens = [*drafts[a, :m].tolist(), int(result.next_token[a])]
+        # one device-to-host transfer: ℓ, accepted counts, next tokens and drafts of every row
+        host = torch.cat([verify_len[:, None], accepted[:, None], result.next_token[:, None], drafts], dim=1).tolist()
+        for a, (_, m, next_token, *row_drafts) in enumerate(host):
+            tokens = [*row_drafts[:m], next_token]
             record.committed.append(commit(a, tokens, scores[a, : m + 1], out.logits[a, : m + 1]))
         kept_slots = 1 + accepted
         batch.target_cache.commit_last(steps, kept_slots)
@@ -183,7 +184,7 @@ class RoundKernel:
                 batch.flush(self.drafter)
             self.policy.observe(batch.rows, verify_len, accepted)
         batch.anchor = result.next_token
-        record.verify_len, record.accepted = verify_len.tolist(), accepted.tolist()
+        record.verify_len, record.accepted = [row[0] for row in host], [row[1] for row in host]
         finished = time.perf_counter()
         record.verify_seconds = finished - drafted
         if self.drafter is not None:

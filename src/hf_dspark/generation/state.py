@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from ..binding import validate_target_shape
 from .call_checks import check_call
@@ -55,6 +56,20 @@ def bind_drafter(model, drafter) -> None:
         drafter.bind_target(model)
 
 
+def host_stopping_rules(stopping_criteria) -> tuple[int | None, frozenset[int]] | None:
+    """(max length, EOS ids) when every criterion is transformers' exact `MaxLengthCriteria` or
+    `EosTokenCriteria` (both then checked on host ints, no device read per token); None otherwise."""
+    max_length, eos = None, set()
+    for criterion in stopping_criteria or []:
+        if type(criterion) is MaxLengthCriteria:
+            max_length = criterion.max_length if max_length is None else min(max_length, criterion.max_length)
+        elif type(criterion) is EosTokenCriteria:
+            eos.update(int(i) for i in criterion.eos_token_id.reshape(-1).tolist())
+        else:
+            return None
+    return max_length, frozenset(eos)
+
+
 class RowState:
     """Token histories of the original batch rows (left padding included, as plain generate keeps them)."""
 
@@ -70,6 +85,7 @@ class RowState:
         self.keep_logits = bool(generation_config.return_dict_in_generate and generation_config.output_logits)
         self.scores: list[list[torch.Tensor]] = [[] for _ in self.histories]
         self.logits: list[list[torch.Tensor]] = [[] for _ in self.histories]
+        self.host_rules = host_stopping_rules(stopping_criteria)
 
     def history(self, row: int) -> torch.Tensor:
         return self.histories[row]
@@ -79,6 +95,8 @@ class RowState:
 
     def commit(self, row: int, tokens: list[int], scores: torch.Tensor, raw_logits: torch.Tensor) -> int:
         """Append tokens one at a time through the stopping criteria; returns how many were kept."""
+        if self.host_rules is not None:
+            return self._commit_on_host(row, tokens, scores, raw_logits)
         history = self.histories[row]
         for i, token in enumerate(tokens):
             history = torch.cat([history, history.new_tensor([token])])
@@ -92,6 +110,23 @@ class RowState:
                 return i + 1
         self.histories[row] = history
         return len(tokens)
+
+    def _commit_on_host(self, row: int, tokens: list[int], scores: torch.Tensor, raw_logits: torch.Tensor) -> int:
+        """`commit` when the stopping criteria are only max-length and EOS: checked on host ints, one upload."""
+        max_length, eos = self.host_rules
+        length, kept = int(self.histories[row].shape[0]), len(tokens)
+        for i, token in enumerate(tokens):
+            length += 1
+            if token in eos or (max_length is not None and length >= max_length):
+                kept, self.finished[row] = i + 1, True
+                break
+        history = self.histories[row]
+        self.histories[row] = torch.cat([history, history.new_tensor(tokens[:kept])])
+        if self.keep_scores:
+            self.scores[row].extend(scores[:kept].unbind(0))
+        if self.keep_logits:
+            self.logits[row].extend(raw_logits[:kept].unbind(0))
+        return kept
 
     def sequences(self) -> torch.Tensor:
         """`[B, prompt + longest generation]`, finished rows padded with the pad token, as plain generate does."""
