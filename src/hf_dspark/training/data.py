@@ -86,6 +86,11 @@ def load_conversations(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
     records = []
     for path in expand_jsonl_paths(paths):
         for index, record in enumerate(iter_jsonl(path)):
+            if not isinstance(record, dict):
+                raise ValueError(
+                    f"{path} record {index} is a JSON {type(record).__name__}, not an object; each line must hold "
+                    'one conversation object ({"turns": [...], "responses": [...]}).'
+                )
             record.setdefault("id", f"{path.stem}:{index}")
             if "input_ids" in record:
                 if len(record.get("loss_mask", ())) != len(record["input_ids"]):

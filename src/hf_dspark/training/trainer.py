@@ -20,12 +20,12 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
 from transformers.utils import logging
 
 from ..draft_vocab import target_to_draft_index
 from ..losses import IGNORE_INDEX, DSparkLossOutput, dspark_loss
-from .checkpoints import publish_checkpoint, staging_dir
+from .checkpoints import check_resume_config, publish_checkpoint, staging_dir
 from .collator import DSparkCollator
 from .features import TargetFeatureProvider, target_probs_at
 from .sampling import EpochSeededLengthGroupedSampler
@@ -190,6 +190,16 @@ class DSparkTrainer(Trainer):
         lengths = [len(example["input_ids"]) for example in dataset.examples]
         batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
         return EpochSeededLengthGroupedSampler(batch, lengths, seed=self.args.seed)
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any):
+        """`Trainer.train`, refusing first a checkpoint trained with other drafter settings (`check_resume_config`),
+        also when the Trainer is used directly rather than through `train()`."""
+        checkpoint = resume_from_checkpoint
+        if checkpoint is True:
+            checkpoint = get_last_checkpoint(self.args.output_dir)
+        if isinstance(checkpoint, (str, os.PathLike)):
+            check_resume_config(checkpoint, unwrap_drafter(self.model).config)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def compute_loss(
         self,
