@@ -7,6 +7,8 @@ Each check runs before any forward pass, profiling or cache work, and names the 
 - RoPE scalings whose frequencies depend on the longest position of a forward (`dynamic` NTK, `longrope`), when
   the call can reach their threshold: a verification forward carries draft slots past the committed tokens, so
   it would cross the threshold at other steps than plain decoding and change every logit from there;
+- a static cache, `compile_config` or a flash-attention target: fast paths the loop cannot use, refused rather
+  than silently replaced;
 - a target moved to another dtype or device after the drafter was bound: the drafter is re-bound (it follows the
   target, as binding made it do), instead of failing deep inside the loop on a dtype mismatch.
 """
@@ -42,6 +44,36 @@ def check_decoding_method(generation_config) -> None:
             f"dola_layers={generation_config.dola_layers!r} asks for DoLa decoding, which DSpark speculative "
             "decoding does not implement (the verification would ignore it): drop dola_layers, or generate without "
             "the DSpark assistant."
+        )
+
+
+# Cache layouts DSpark would have to replace by a dynamic cache (its ragged verification writes past each row's
+# committed length and rolls rejected slots back, which a preallocated static cache does not support).
+STATIC_CACHES = ("static", "offloaded_static")
+
+
+def check_fast_paths(model, generation_config) -> None:
+    """Refuse the GPU fast paths the loop cannot honour, instead of silently running without them: a static cache
+    (`cache_implementation`), `compile_config`, and flash-attention kernels (the ragged layout has holes)."""
+    implementation = getattr(generation_config, "cache_implementation", None)
+    if implementation in STATIC_CACHES:
+        raise ValueError(
+            f"cache_implementation={implementation!r} is not supported with the DSpark assistant: each verification "
+            "round writes a different number of slots per row and rolls rejected ones back, so the loop keeps a "
+            "dynamic cache and would silently drop the static one. Drop cache_implementation (or pass 'dynamic')."
+        )
+    if getattr(generation_config, "compile_config", None) is not None:
+        raise ValueError(
+            "compile_config is not supported with the DSpark assistant: its verification forwards change shape "
+            "every round, so the compiled graph would not be used. Drop compile_config (plain generate compiles "
+            "only with a static cache, which DSpark does not use either)."
+        )
+    attention = getattr(model.config, "_attn_implementation", None) or ""
+    if "flash" in attention:
+        raise ValueError(
+            f"attn_implementation={attention!r} is not supported with the DSpark assistant: its ragged verification "
+            "batches carry holes that a padding-free flash kernel would have to unpad in every layer (or read "
+            "wrongly). Load the target with attn_implementation='sdpa' (or 'eager')."
         )
 
 
@@ -109,5 +141,6 @@ def follow_target_moves(model, drafter) -> None:
 def check_call(model, drafter, generation_config) -> None:
     """Every check above that needs the bound pair and the prepared generation config."""
     check_decoding_method(generation_config)
+    check_fast_paths(model, generation_config)
     check_rope_scaling(model, generation_config.max_length, drafter.config.block_size)
     follow_target_moves(model, drafter)
