@@ -21,14 +21,14 @@ BOUND = {
     (1, "fixed", True): 12,
     (1, "auto", False): 20,
     (1, "auto", True): 24,
-    (8, "fixed", False): 15,
-    (8, "fixed", True): 24,
-    (8, "auto", False): 27,
-    (8, "auto", True): 46,
-    (64, "fixed", False): 71,
-    (64, "fixed", True): 128,
-    (64, "auto", False): 83,
-    (64, "auto", True): 153,
+    (8, "fixed", False): 8,
+    (8, "fixed", True): 19,
+    (8, "auto", False): 20,
+    (8, "auto", True): 39,
+    (64, "fixed", False): 8,
+    (64, "fixed", True): 71,
+    (64, "auto", False): 20,
+    (64, "auto", True): 90,
 }
 
 

@@ -82,6 +82,7 @@ class DSparkLoop:
         first = _pick(scores, self.do_sample)
         for row in range(len(valid)):
             self.rows.commit(row, [int(first[row])], scores[row : row + 1], raw[row : row + 1])
+        self.rows.flush_uploads()
         self.streaming.flush()
         self.batch = self.kernel.start(list(range(len(valid))), first, out.target, out.features, valid)
         self._drop_finished()
@@ -96,6 +97,7 @@ class DSparkLoop:
             return self.rows.commit(rows[a], tokens, scores, logits)
 
         self.kernel.step(self.batch, histories, cap, commit)
+        self.rows.flush_uploads()
         self.streaming.flush()
         self._drop_finished()
 

@@ -86,12 +86,30 @@ class RowState:
         self.scores: list[list[torch.Tensor]] = [[] for _ in self.histories]
         self.logits: list[list[torch.Tensor]] = [[] for _ in self.histories]
         self.host_rules = host_stopping_rules(stopping_criteria)
+        self._pending: dict[int, list[int]] = {}  # tokens committed on the host, not yet in `histories`
 
     def history(self, row: int) -> torch.Tensor:
+        self.flush_uploads()
         return self.histories[row]
 
+    def _length(self, row: int) -> int:
+        return int(self.histories[row].shape[0]) + len(self._pending.get(row, ()))
+
     def remaining(self, row: int) -> int:
-        return self.max_length - int(self.histories[row].shape[0])
+        return self.max_length - self._length(row)
+
+    def flush_uploads(self) -> None:
+        """Append the tokens committed on the host since the last flush to the histories: one upload for all rows."""
+        if not self._pending:
+            return
+        rows = sorted(self._pending)
+        width = max(len(self._pending[r]) for r in rows)
+        padded = [self._pending[r] + [0] * (width - len(self._pending[r])) for r in rows]
+        uploaded = torch.tensor(padded, dtype=self.histories[0].dtype, device=self.histories[0].device)
+        for i, row in enumerate(rows):
+            count = len(self._pending[row])
+            self.histories[row] = torch.cat([self.histories[row], uploaded[i, :count]])
+        self._pending = {}
 
     def commit(self, row: int, tokens: list[int], scores: torch.Tensor, raw_logits: torch.Tensor) -> int:
         """Append tokens one at a time through the stopping criteria; returns how many were kept."""
@@ -114,14 +132,13 @@ class RowState:
     def _commit_on_host(self, row: int, tokens: list[int], scores: torch.Tensor, raw_logits: torch.Tensor) -> int:
         """`commit` when the stopping criteria are only max-length and EOS: checked on host ints, one upload."""
         max_length, eos = self.host_rules
-        length, kept = int(self.histories[row].shape[0]), len(tokens)
+        length, kept = self._length(row), len(tokens)
         for i, token in enumerate(tokens):
             length += 1
             if token in eos or (max_length is not None and length >= max_length):
                 kept, self.finished[row] = i + 1, True
                 break
-        history = self.histories[row]
-        self.histories[row] = torch.cat([history, history.new_tensor(tokens[:kept])])
+        self._pending.setdefault(row, []).extend(tokens[:kept])
         if self.keep_scores:
             self.scores[row].extend(scores[:kept].unbind(0))
         if self.keep_logits:
@@ -130,6 +147,7 @@ class RowState:
 
     def sequences(self) -> torch.Tensor:
         """`[B, prompt + longest generation]`, finished rows padded with the pad token, as plain generate does."""
+        self.flush_uploads()
         width = max(h.shape[0] for h in self.histories)
         out = self.histories[0].new_full((len(self.histories), width), self.pad_token_id)
         for r, history in enumerate(self.histories):
