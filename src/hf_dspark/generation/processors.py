@@ -6,8 +6,9 @@ numbers of tokens per round and each round needs processed distributions at seve
 - history-free processors (temperature, top-k, top-p, min-p, typical, epsilon, eta) are applied to any stack of
   rows at once, since their output depends on the scores alone;
 - every other processor (repetition penalty, n-gram blocking, min-length, ...) is applied row by row, with a
-  per-row copy of the processor list whose batch-shaped tensors are sliced to that row, and the row's full
-  history (its original left padding included) as `input_ids`: exactly what plain batched generate feeds it.
+  per-row copy of the processor list whose per-row tensors (`batch_attributes`; token-id lists are shared by every
+  row, whatever their length) are sliced to that row, and the row's full history (its original left padding
+  included) as `input_ids`: exactly what plain batched generate feeds it.
   `PrefixConstrainedLogitsProcessor`'s function is called with the row's real batch index.
 
 Row by row is faithful only for processors whose output for a row depends on that row's `input_ids` and scores
@@ -145,17 +146,37 @@ class _RowBatchId:
 
 
 def _slice_row(processor, batch_size: int, row: int):
-    """Copy of `processor` for row `row` alone: tensor attributes of leading size `batch_size` cut to
+    """Copy of `processor` for row `row` alone: its per-row tensor attributes (`batch_attributes`) cut to
     `[row:row+1]`, and `prefix_allowed_tokens_fn` given the row's real batch index."""
     clone = copy.deepcopy(processor)
     if isinstance(clone, PrefixConstrainedLogitsProcessor):  # the user's function itself, not a deep copy
         clone._prefix_allowed_tokens_fn = _RowBatchId(processor._prefix_allowed_tokens_fn, row)
     if batch_size == 1:
         return clone
-    for name, value in vars(clone).items():
+    for name in batch_attributes(processor):
+        value = getattr(clone, name, None)
         if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == batch_size:
             setattr(clone, name, value[row : row + 1].clone())
     return clone
+
+
+# transformers processors' attributes that hold one entry per batch row (everything else is shared by all rows,
+# e.g. token-id lists such as `suppress_tokens` or EOS ids, whatever their length)
+_BATCH_ATTRIBUTES = {
+    "RepetitionPenaltyLogitsProcessor": ("prompt_ignore_length",),
+    "EncoderRepetitionPenaltyLogitsProcessor": ("encoder_input_ids",),
+}
+
+
+def batch_attributes(processor) -> tuple[str, ...]:
+    """Names of `processor`'s per-row tensor attributes, cut to one row for each row's copy: transformers' known
+    ones, or what a processor declares in `dspark_batch_attributes` (none by default)."""
+    declared = getattr(processor, "dspark_batch_attributes", None)
+    if declared is not None:
+        return tuple(declared)
+    if type(processor).__module__.startswith("transformers."):
+        return _BATCH_ATTRIBUTES.get(type(processor).__name__, ())
+    return ()
 
 
 class RowProcessors:

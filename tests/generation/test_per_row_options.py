@@ -1,0 +1,34 @@
+"""Generate options holding token-id lists as long as the batch are shared by every row, not cut per row."""
+
+import pytest
+import torch
+
+from hf_dspark.eval.oracle import oracle_for
+from tests.helpers import make_target, ragged_prompts
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_target("llama", seed=11)
+
+
+@pytest.mark.parametrize(
+    ("batch", "options"),
+    [
+        (4, dict(suppress_tokens=[1, 3, 8, 9])),
+        (2, dict(eos_token_id=[39, 44], min_new_tokens=10)),
+        (2, dict(eos_token_id=[39, 44], min_length=14)),
+        (3, dict(begin_suppress_tokens=[5, 6, 7])),
+        (2, dict(eos_token_id=[39, 44], forced_eos_token_id=[39, 44], max_length=20)),
+        (2, dict(eos_token_id=[39, 44], exponential_decay_length_penalty=(4, 1.5))),
+    ],
+)
+def test_list_options_as_long_as_the_batch_match_plain_generate(target, batch, options):
+    ids, mask = ragged_prompts(batch, seed=batch + 40)
+    kwargs = dict(attention_mask=mask, do_sample=False, **{"max_new_tokens": 16, **options})
+    if "max_length" in options:
+        kwargs.pop("max_new_tokens")
+    reference = target.generate(ids, **kwargs)
+    drafter = oracle_for(target, 4, reference, mask)
+    output = target.generate(ids, assistant_model=drafter, **kwargs)
+    assert torch.equal(output, reference)
