@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from hf_dspark.eval.oracle import oracle_for
 from tests.helpers import make_target, ragged_prompts
@@ -32,3 +33,27 @@ def test_list_options_as_long_as_the_batch_match_plain_generate(target, batch, o
     drafter = oracle_for(target, 4, reference, mask)
     output = target.generate(ids, assistant_model=drafter, **kwargs)
     assert torch.equal(output, reference)
+
+
+class _PerRowBudget(StoppingCriteria):
+    """Stops row r once it generated budgets[r] tokens (batch semantics: one verdict per row)."""
+
+    def __init__(self, prompt_width: int, budgets: list[int]) -> None:
+        self.prompt_width, self.budgets = prompt_width, torch.tensor(budgets)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids.shape[1] - self.prompt_width) >= self.budgets[: input_ids.shape[0]]
+
+
+def test_stopping_criteria_with_per_row_state_match_plain_generate(target):
+    ids, mask = ragged_prompts(4, seed=44)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=16, eos_token_id=None)
+    criteria = StoppingCriteriaList([_PerRowBudget(ids.shape[1], [3, 12, 6, 9])])
+    reference = target.generate(ids, stopping_criteria=criteria, **kwargs)
+    drafter = oracle_for(target, 4, target.generate(ids, **kwargs), mask)
+    output = target.generate(ids, assistant_model=drafter, stopping_criteria=criteria, **kwargs)
+    generated = (output[:, ids.shape[1] :] != 0).sum(dim=1).tolist()
+    assert generated == [3, 12, 6, 9]
+    for row, budget in enumerate(generated):  # without EOS plain generate keeps going for stopped rows
+        end = ids.shape[1] + budget
+        assert torch.equal(output[row, :end], reference[row, :end])

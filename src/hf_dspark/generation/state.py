@@ -122,12 +122,20 @@ class RowState:
                 self.scores[row].append(scores[i])
             if self.keep_logits:
                 self.logits[row].append(raw_logits[i])
-            if bool(self.stopping_criteria(history[None, :], scores[i : i + 1]).any()):
+            if self._stops(row, history, scores[i : i + 1]):
                 self.finished[row] = True
                 self.histories[row] = history
                 return i + 1
         self.histories[row] = history
         return len(tokens)
+
+    def _stops(self, row: int, history: torch.Tensor, scores: torch.Tensor) -> bool:
+        """The stopping criteria's verdict for `row`: called on a batch-shaped input (the row's history at every
+        batch position, so a criterion with per-row state reads row `row`'s) and read at position `row`."""
+        batch = len(self.histories)
+        done = self.stopping_criteria(history[None, :].expand(batch, -1), scores.expand(batch, -1))
+        done = done.reshape(-1)
+        return bool(done[row] if done.numel() == batch else done.any())
 
     def _commit_on_host(self, row: int, tokens: list[int], scores: torch.Tensor, raw_logits: torch.Tensor) -> int:
         """`commit` when the stopping criteria are only max-length and EOS: checked on host ints, one upload."""
