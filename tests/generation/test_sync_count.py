@@ -19,16 +19,16 @@ NEW_TOKENS = 16
 BOUND = {
     (1, "fixed", False): 8,
     (1, "fixed", True): 12,
-    (1, "auto", False): 20,
-    (1, "auto", True): 24,
+    (1, "auto", False): 18,
+    (1, "auto", True): 22,
     (8, "fixed", False): 8,
     (8, "fixed", True): 19,
-    (8, "auto", False): 20,
-    (8, "auto", True): 39,
+    (8, "auto", False): 18,
+    (8, "auto", True): 37,
     (64, "fixed", False): 8,
     (64, "fixed", True): 71,
-    (64, "auto", False): 20,
-    (64, "auto", True): 90,
+    (64, "auto", False): 18,
+    (64, "auto", True): 88,
 }
 
 

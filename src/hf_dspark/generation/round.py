@@ -182,7 +182,9 @@ class RoundKernel:
             batch.pending.append((out.features, valid))
             if record.drafted or batch.pending_slots() >= self.max_pending:
                 batch.flush(self.drafter)
-            self.policy.observe(batch.rows, verify_len, accepted)
+            # the host copies: the policy's bookkeeping lives on the host
+            self.policy.observe(batch.rows, torch.tensor([row[0] for row in host]),
+                                torch.tensor([row[1] for row in host]))
         batch.anchor = result.next_token
         record.verify_len, record.accepted = [row[0] for row in host], [row[1] for row in host]
         finished = time.perf_counter()
