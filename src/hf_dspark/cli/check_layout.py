@@ -25,11 +25,20 @@ def cmd_check_layout(args: argparse.Namespace) -> int:
     from ..modeling_dspark import DSparkDrafter
 
     check_drafter_path(args.parser, "DRAFTER", args.drafter)
-    text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else DEFAULT_TEXT
     target, tokenizer = load_target(args.target, "float32", tokenizer=True, device=args.device)
+    text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else DEFAULT_TEXT
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]], device=target.device)
+    if not args.text_file:  # the target's own greedy continuation: text the drafter should draft well
+        with torch.no_grad():
+            ids = target.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=args.tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id or 0,
+            )
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, assume_layout=args.assume_layout)
-    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][: args.tokens + 1])
-    probe = probe_layout(drafter, target, ids, max_positions=args.tokens)
+    probe = probe_layout(drafter, target, ids[0, -(args.tokens + 1) :], max_positions=args.tokens)
     print(f"{args.drafter}: {probe.summary()}")
     return 1 if probe.matches is False else 0
 
@@ -47,7 +56,13 @@ def add_check_layout_command(sub) -> None:
         default=None,
         help="held-out UTF-8 text to probe on (default: a built-in paragraph)",
     )
-    parser.add_argument("--tokens", type=positive_int, default=48, help="anchor positions to measure")
+    parser.add_argument(
+        "--tokens",
+        type=positive_int,
+        default=128,
+        help="anchor positions to measure (default text: the target's greedy continuation of a "
+        "built-in paragraph, this many tokens)",
+    )
     parser.add_argument(
         "--assume-layout",
         default=None,
