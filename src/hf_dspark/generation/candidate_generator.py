@@ -56,6 +56,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
         return generator
 
     # -- transformers' interface, batched -------------------------------------------------------------
+    @property
+    def num_drafting_tokens(self) -> int:
+        """Tokens drafted per round (γ); transformers >= 5.25 reads it to size the cache's rollback record."""
+        return self.drafter.config.block_size
+
     def get_candidates(
         self, input_ids: torch.LongTensor, anchor_ids: torch.Tensor | None = None,
         histories: Sequence[torch.Tensor] | None = None, **kwargs,
