@@ -30,7 +30,8 @@ for what in $ONLY; do
     eval)
       for temperature in 0 1; do
         hf-dspark eval --drafters "dspark=$DRAFTERS/smollm2-135m-instruct-dspark" \
-          "dflash=$DRAFTERS/smollm2-135m-instruct-dflash" --prompt-lookup --sets "${SETS[@]}" --limit 40 \
+          "dflash=$DRAFTERS/smollm2-135m-instruct-dflash" suffix=suffix:7 \
+          "hybrid=hybrid:$DRAFTERS/smollm2-135m-instruct-dspark" --prompt-lookup --sets "${SETS[@]}" --limit 40 \
           --max-new-tokens 128 --batch-size 8 --threads "$THREADS" --temperature "$temperature" --sweep \
           --out "$OUT/eval_t$temperature.json"
       done ;;

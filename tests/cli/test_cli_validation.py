@@ -151,7 +151,8 @@ def test_auto_device_is_cuda_only_when_available():
     ("argv", "expected"),
     [
         (["--drafters", "a=untrained", "a=untrained:3"], "names must be unique; 'a' is given more than once"),
-        (["--drafters", "prompt_lookup=untrained", "--prompt-lookup"], "'prompt_lookup' is taken by --prompt-lookup"),
+        (["--drafters", "prompt_lookup=untrained", "--prompt-lookup"], "'prompt_lookup' is reserved"),
+        (["--drafters", "prompt_lookup=prompt-lookup:7"], "'prompt_lookup' is reserved for --prompt-lookup"),
     ],
 )
 def test_eval_refuses_ambiguous_drafter_names(argv, expected, capsys, monkeypatch):

@@ -28,8 +28,9 @@ def check_drafter_names(args: argparse.Namespace) -> None:
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
         args.parser.error(f"--drafters names must be unique; {', '.join(map(repr, repeated))} is given more than once")
-    if args.prompt_lookup and PROMPT_LOOKUP in names:
-        args.parser.error(f"--drafters name {PROMPT_LOOKUP!r} is taken by --prompt-lookup; rename that drafter")
+    if PROMPT_LOOKUP in names:
+        args.parser.error(f"--drafters name {PROMPT_LOOKUP!r} is reserved for --prompt-lookup; use that flag (it also "
+                          "sweeps γ) or rename that drafter")
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
