@@ -19,6 +19,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
+from .output_cache import rebuild_output_cache
 from .packed_linear import linear_packs_for
 from .policy import policy_from_config
 from .prefill import prefill_target
@@ -128,6 +129,8 @@ class DSparkLoop:
             sequences=sequences,
             scores=self.rows.step_scores("scores") if self.config.output_scores else None,
             logits=self.rows.step_scores("logits") if self.config.output_logits else None,
+            cache=rebuild_output_cache(self.model, sequences, self.model_kwargs.get("attention_mask"))
+            if self.config.use_cache is not False else None,
         )
 
 

@@ -1,0 +1,103 @@
+"""`return_dict_in_generate=True`: every field of DSpark's output against plain `generate`'s, and the returned
+cache continues a later call exactly as plain's does (fp32, greedy)."""
+
+import pytest
+import torch
+
+from tests.generation.test_families import make_family
+from tests.helpers import make_drafter, make_target, ragged_prompts
+
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def targets():
+    return {"llama": make_target("llama", seed=21), "mistral": make_family("mistral", seed=3)}
+
+
+def _continue(target, output, prompt_mask, new=10):
+    """Plain greedy continuation from a generate output: its sequences, plain's final mask and its cache."""
+    tail = prompt_mask.new_ones(len(prompt_mask), output.sequences.shape[1] - prompt_mask.shape[1])
+    mask = torch.cat([prompt_mask, tail], dim=1)
+    return target.generate(
+        output.sequences,
+        attention_mask=mask,
+        cache=output.cache,
+        max_new_tokens=new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_returned_cache_matches_plain_and_continues_like_it(targets, name):
+    target = targets[name]
+    ids, mask = ragged_prompts(3, seed=5)
+    reference = target.generate(
+        ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True, pad_token_id=0
+    )
+    generated = reference.sequences[:, ids.shape[1] :]
+    # EOS ids that end rows 1 and 2 early, so plain's cache holds the pad tokens it fed to finished rows
+    eos = [int(generated[1, 2]), int(generated[2, 4])]
+    kwargs = dict(
+        max_new_tokens=NEW,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    reference = target.generate(ids, attention_mask=mask, **kwargs)
+    output = target.generate(ids, attention_mask=mask, assistant_model=make_drafter(target), **kwargs)
+    assert set(output.keys()) == set(reference.keys()) == {"sequences", "scores", "logits", "cache"}
+    assert torch.equal(output.sequences, reference.sequences)
+    assert (output.sequences[1:, -3:] == 0).all()  # rows 1 and 2 finished early
+    assert len(output.scores) == len(reference.scores) == len(output.logits) == NEW
+    assert type(output.cache) is type(reference.cache)
+    assert output.cache.get_seq_length() == reference.cache.get_seq_length() == output.sequences.shape[1] - 1
+    for ours, theirs in zip(output.cache.layers, reference.cache.layers):
+        assert type(ours) is type(theirs)
+        torch.testing.assert_close(ours.keys, theirs.keys, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(ours.values, theirs.values, atol=1e-5, rtol=1e-4)
+    assert torch.equal(_continue(target, output, mask), _continue(target, reference, mask))
+
+
+def test_no_cache_when_use_cache_is_off(targets):
+    target = targets["llama"]
+    ids, mask = ragged_prompts(2, seed=6)
+    kwargs = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, use_cache=False)
+    reference = target.generate(ids, attention_mask=mask, **kwargs)
+    output = target.generate(ids, attention_mask=mask, assistant_model=make_drafter(target), **kwargs)
+    assert reference.cache is None and output.cache is None
+    assert torch.equal(output.sequences, reference.sequences)
+
+
+def test_sampled_output_has_plain_fields_and_a_continuable_cache(targets):
+    target = targets["llama"]
+    ids, mask = ragged_prompts(2, seed=7)
+    torch.manual_seed(0)
+    output = target.generate(
+        ids,
+        attention_mask=mask,
+        assistant_model=make_drafter(target),
+        do_sample=True,
+        max_new_tokens=NEW,
+        return_dict_in_generate=True,
+        output_scores=True,
+        pad_token_id=0,
+    )
+    assert set(output.keys()) == {"sequences", "scores", "cache"} and len(output.scores) == NEW
+    # the cache holds exactly the sequences' K/V: continuing from it equals continuing without a cache
+    tail = mask.new_ones(2, NEW)
+    full_mask = torch.cat([mask, tail], dim=1)
+    without = target.generate(
+        output.sequences,
+        attention_mask=full_mask,
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert torch.equal(_continue(target, output, mask, new=8), without)
