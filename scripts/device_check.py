@@ -1,36 +1,35 @@
-"""Device check: DSpark on a randomly initialised target of realistic shape, on whatever device is at hand.
+"""Device check: DSpark on randomly initialised targets of real shape, on whatever device is at hand.
 
-    python scripts/device_check.py                       # CUDA if present (Llama-3.2-1B shape, bf16), else CPU (tiny)
-    python scripts/device_check.py --device cpu --shape tiny --new-tokens 16 --repeats 1   # the CI run
+    python scripts/device_check.py                      # CUDA if present: Llama-3.2-1B and -3.1-8B shapes, bf16
+    python scripts/device_check.py --tiny               # tiny shapes (automatic on a CPU): the CI dry run
     python scripts/device_check.py --out device_check.json
 
-Four checks, printed as they finish and collected in one JSON report:
+1. Greedy equality (first shape, fp32): `generate(assistant_model=drafter)` against plain greedy `generate` at
+   `--equality-batches` (ragged, left-padded prompts), with the oracle drafter (every draft right) and an untrained
+   DSpark drafter (drafts mostly wrong). A divergence is reported with the target's logit margin between the two
+   tokens in the plain run: near zero is a floating-point tie, large is a bug (exit status 1 above `--tie-margin`).
+2. SPS(B) of each shape (`hf_dspark.profiling.profile_step_curve`), also handed to `auto` as its step curve.
+3. The speed A/B (`scripts/device_ab.py`): plain eager, plain static cache + compile, transformers' batch-1
+   assisted loop fed the same drafts, hf-dspark with the oracle, a noisy oracle (τ ≈ 3.5) under fixed and auto, an
+   untrained drafter, and hf-dspark asked for static cache + compile; at `--batches`; per run tokens/s, ms per round
+   split verify / draft, sync points per round, GPU-busy fraction (CUDA), greedy identity vs plain. A row whose
+   static cache or compiling hf-dspark declines says "refused" with the reason.
 
-1. Greedy equality: `generate(assistant_model=drafter)` against plain greedy `generate` at batch 1 and 8 (ragged,
-   left-padded prompts), with the oracle drafter (every draft right: long accepted blocks) and an untrained DSpark
-   drafter (its real forward on the device: context KV cache, Markov head, confidence head; drafts mostly wrong),
-   in fp32 and in the speed dtype. A divergence is reported with the target's logit margin between the two
-   tokens at that step in the plain run: a margin near zero is a floating-point tie (a batched verification
-   forward and a one-token forward need not round alike), a large one is a bug. The script exits with status 1
-   when an fp32 divergence has a margin above `--tie-margin`.
-2. Speed at γ = 4/8/16 (oracle drafter, `dspark_policy="fixed"`: ℓ = γ) against plain greedy `generate`, batch 1
-   and 8, median of `--repeats` runs with the device synchronised around each run. Every DSpark run here uses
-   the fixed policy, so each round drafts (the default "auto" policy may decode plainly instead).
-3. SPS(B): `hf_dspark.profiling.profile_step_curve` on the target (the curve the load-aware scheduler reads).
-4. The environment: device name, torch / transformers versions, shapes, dtype.
-
-Randomly initialised weights make greedy text meaningless but exercise every kernel at the real shapes; the
-oracle's proposals come from plain `generate`, so its speed is the loop's ceiling on this device.
+A time guard (`--time-limit`, default 8.5 minutes) skips what would run past it and lists it under "skipped".
+Random weights make greedy text meaningless but exercise every kernel at the real shapes; the oracle's proposals
+come from plain `generate`, so its speed is the loop's ceiling on this device.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import json
-import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import transformers
@@ -40,20 +39,20 @@ from hf_dspark import DSparkConfig, DSparkDrafter
 from hf_dspark.eval.oracle import oracle_for
 from hf_dspark.profiling import profile_step_curve
 
-# Llama-3.2-1B's published architecture (weights are random here).
-LLAMA_3_2_1B = dict(
-    hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-    head_dim=64, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True, rms_norm_eps=1e-5,
-    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    bos_token_id=128000, eos_token_id=128001, pad_token_id=128004,
-)
-TINY = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-    vocab_size=96, max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-)
-SHAPES = {"llama-3.2-1b": LLAMA_3_2_1B, "tiny": TINY}
-DEFAULT_BATCH_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+def _sibling(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+ab = sys.modules.get("device_ab") or _sibling("device_ab")
+AB_SHAPES, METHODS = ab.AB_SHAPES, ab.METHODS
+GPU_SHAPES = ["llama-3.2-1b", "llama-3.1-8b"]
+STEP_CURVE_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+TINY_STEP_CURVE_TOKENS = [1, 4, 16, 64]
 
 
 @dataclass
@@ -70,11 +69,18 @@ class Prompts:
 
 
 def build_target(shape: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LlamaForCausalLM:
-    """A randomly initialised Llama-family target, built directly on `device` (no CPU copy of a 1B model)."""
+    """A randomly initialised Llama-family target built directly on `device` in `dtype` (no CPU or fp32 copy)."""
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(**SHAPES[shape]))
-    return model.to(dtype).eval()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(LlamaConfig(**AB_SHAPES[shape]))
+    finally:
+        torch.set_default_dtype(previous)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = model.config.pad_token_id
+    return model.eval()
 
 
 def ragged_prompts(batch: int, vocab: int, device: torch.device, seed: int = 0, lengths=(12, 48)) -> Prompts:
@@ -89,15 +95,15 @@ def ragged_prompts(batch: int, vocab: int, device: torch.device, seed: int = 0, 
     return Prompts(ids.to(device), mask.to(device))
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type != "cpu" and hasattr(torch, "accelerator") and torch.accelerator.is_available():
-        torch.accelerator.synchronize()
-
-
 def plain_greedy(target, prompts: Prompts, new_tokens: int, scores: bool = False):
-    return target.generate(prompts.input_ids, attention_mask=prompts.attention_mask, do_sample=False,
-                           max_new_tokens=new_tokens, min_new_tokens=new_tokens, return_dict_in_generate=scores,
-                           output_logits=scores)
+    return target.generate(
+        prompts.input_ids,
+        attention_mask=prompts.attention_mask,
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        return_dict_in_generate=scores,
+        output_logits=scores,
+    )
 
 
 def untrained_drafter(target, block_size: int, seed: int = 1) -> DSparkDrafter:
@@ -122,8 +128,13 @@ def first_divergence(reference, output: torch.Tensor, prompt_width: int) -> dict
     step = column - prompt_width
     logits = reference.logits[step][row].float()
     plain_token, dspark_token = int(reference.sequences[row, column]), int(output[row, column])
-    return {"row": row, "step": step, "plain_token": plain_token, "dspark_token": dspark_token,
-            "margin": float(logits[plain_token] - logits[dspark_token])}
+    return {
+        "row": row,
+        "step": step,
+        "plain_token": plain_token,
+        "dspark_token": dspark_token,
+        "margin": float(logits[plain_token] - logits[dspark_token]),
+    }
 
 
 def check_equality(target, prompts: Prompts, batches: list[int], new_tokens: int, block_size: int) -> list[dict]:
@@ -132,121 +143,270 @@ def check_equality(target, prompts: Prompts, batches: list[int], new_tokens: int
     for batch in batches:
         part = prompts.first(batch)
         reference = plain_greedy(target, part, new_tokens, scores=True)
-        drafters = {"oracle": oracle_for(target, block_size, reference.sequences, part.attention_mask),
-                    "untrained": untrained_drafter(target, block_size)}
+        drafters = {
+            "oracle": oracle_for(target, block_size, reference.sequences, part.attention_mask),
+            "untrained": untrained_drafter(target, block_size),
+        }
         for name, drafter in drafters.items():
-            output = target.generate(part.input_ids, attention_mask=part.attention_mask, assistant_model=drafter,
-                                     do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                     dspark_policy="fixed")  # every round drafts and verifies γ tokens
+            output = target.generate(
+                part.input_ids,
+                attention_mask=part.attention_mask,
+                assistant_model=drafter,
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                dspark_policy="fixed",
+            )  # every round drafts and verifies γ tokens
             stats = drafter.last_generation_stats
             divergence = first_divergence(reference, output, part.input_ids.shape[1])
-            results.append({"dtype": str(target.dtype).removeprefix("torch."), "batch": batch, "drafter": name,
-                            "identical": divergence is None, "divergence": divergence,
-                            "tau": stats.mean_accepted_length, "drafts_verified": stats.draft_tokens_verified})
+            results.append(
+                {
+                    "dtype": str(target.dtype).removeprefix("torch."),
+                    "batch": batch,
+                    "drafter": name,
+                    "identical": divergence is None,
+                    "divergence": divergence,
+                    "tau": stats.mean_accepted_length,
+                    "drafts_verified": stats.draft_tokens_verified,
+                }
+            )
             verdict = "identical" if divergence is None else f"DIFFERS {divergence}"
-            print(f"  equality  {results[-1]['dtype']:8s} batch {batch}  {name:9s} {verdict}  "
-                  f"τ = {stats.mean_accepted_length:.2f}", flush=True)
+            print(
+                f"  equality  {results[-1]['dtype']:8s} batch {batch}  {name:9s} {verdict}  "
+                f"τ = {stats.mean_accepted_length:.2f}",
+                flush=True,
+            )
     return results
-
-
-def timed(fn, device: torch.device, repeats: int) -> tuple[float, torch.Tensor]:
-    """(median seconds, last output) of `repeats` calls, synchronised around each."""
-    seconds, out = [], None
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        out = fn()
-        synchronize(device)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), out
-
-
-def check_speed(target, prompts: Prompts, batches: list[int], gammas: list[int], new_tokens: int,
-                repeats: int) -> list[dict]:
-    """Tokens/s of plain greedy `generate` and of DSpark with the oracle drafter at each γ (ℓ = γ)."""
-    device, results = target.device, []
-    for batch in batches:
-        part = prompts.first(batch)
-        plain_generate(target, part, 4)  # warm-up (kernels, allocator)
-        plain_s, reference = timed(lambda p=part: plain_generate(target, p, new_tokens), device, repeats)
-        produced = batch * new_tokens
-        for gamma in gammas:
-            oracle = oracle_for(target, gamma, reference, part.attention_mask)
-            run = lambda p=part, o=oracle: target.generate(  # noqa: E731
-                p.input_ids, attention_mask=p.attention_mask, assistant_model=o, do_sample=False,
-                max_new_tokens=new_tokens, min_new_tokens=new_tokens, dspark_policy="fixed")
-            run()  # warm-up
-            dspark_s, _ = timed(run, device, repeats)
-            tau = oracle.last_generation_stats.mean_accepted_length
-            results.append({"batch": batch, "gamma": gamma, "plain_tokens_per_second": produced / plain_s,
-                            "dspark_tokens_per_second": produced / dspark_s, "speedup": plain_s / dspark_s,
-                            "tau": tau})
-            print(f"  speed     batch {batch}  γ = {gamma:2d}  plain {produced / plain_s:8.1f} tok/s  "
-                  f"DSpark {produced / dspark_s:8.1f} tok/s  ×{plain_s / dspark_s:.2f}  τ = {tau:.2f}", flush=True)
-    return results
-
-
-def plain_generate(target, prompts: Prompts, new_tokens: int) -> torch.Tensor:
-    return plain_greedy(target, prompts, new_tokens)
-
-
-def check_step_curve(target, batch_tokens: list[int], repeats: int, cache_length: int) -> dict:
-    curve = profile_step_curve(target, batch_tokens=batch_tokens, rows=8, cache_length=cache_length,
-                               repeats=repeats, warmup=1, progress=False)
-    for b, sps in zip(curve.batch_tokens, curve.steps_per_second):
-        print(f"  SPS(B)    B = {b:4d}  {1e3 / sps:8.2f} ms  {sps:8.1f} steps/s  {b * sps:10.1f} tokens/s", flush=True)
-    return curve.to_dict()
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
-                        help="target shape (default: llama-3.2-1b on an accelerator, tiny on cpu)")
-    parser.add_argument("--dtype", default=None, choices=["bfloat16", "float16", "float32"],
-                        help="dtype of the speed and profile runs (default: bfloat16 on an accelerator, else float32)")
-    parser.add_argument("--new-tokens", type=int, default=64, help="tokens generated per row in every run")
-    parser.add_argument("--gammas", type=int, nargs="+", default=[4, 8, 16], help="γ of the speed runs")
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8], help="batch sizes of equality and speed")
-    parser.add_argument("--block-size", type=int, default=8, help="γ of the equality runs")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per speed point and profile sweep")
-    parser.add_argument("--batch-tokens", type=int, nargs="+", default=DEFAULT_BATCH_TOKENS, help="B of SPS(B)")
-    parser.add_argument("--cache-length", type=int, default=512, help="cached tokens per row while profiling")
-    parser.add_argument("--tie-margin", type=float, default=1e-3,
-                        help="fp32 divergences with a plain-run logit margin above this fail the check")
-    parser.add_argument("--out", default=None, help="also write the JSON report here")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    add = parser.add_argument
+    add("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    add("--tiny", action="store_true", help="tiny shapes, fp32 (the CI dry run; automatic on a cpu)")
+    add(
+        "--shapes",
+        nargs="+",
+        choices=sorted(AB_SHAPES),
+        default=None,
+        help="target shapes (default: llama-3.2-1b llama-3.1-8b on an accelerator, tiny on a cpu or with --tiny)",
+    )
+    add(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float16", "float32"],
+        help="dtype of the A/B (default: bfloat16 on an accelerator, else float32)",
+    )
+    add("--new-tokens", type=int, default=64, help="tokens generated per row in every run (default 64)")
+    add("--prompt-length", type=int, default=128, help="prompt tokens per row in the A/B (default 128)")
+    add("--batches", type=int, nargs="+", default=[1, 8, 32], help="batch sizes of the A/B (default 1 8 32)")
+    add("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="A/B methods (default: all)")
+    add("--gamma", type=int, default=8, help="block size γ of every drafter (default 8)")
+    add("--tau", type=float, default=3.5, help="the noisy oracle's mean tokens per round (default 3.5)")
+    add("--repeats", type=int, default=3, help="timed runs per A/B row, median reported (default 3)")
+    add(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="compile in the static-cache rows (default: on an accelerator only)",
+    )
+    add("--equality-batches", type=int, nargs="*", default=[1, 8], help="batches of the equality check ([]: skip)")
+    add(
+        "--tie-margin",
+        type=float,
+        default=1e-3,
+        help="fp32 divergences with a plain-run logit margin above this fail the check",
+    )
+    add("--time-limit", type=float, default=510.0, help="seconds after which nothing new starts (default 510)")
+    add("--threads", type=int, default=None, help="torch threads (default: 1 on a cpu, unchanged elsewhere)")
+    add("--out", default=None, help="also write the JSON report here")
     args = parser.parse_args(argv)
+    for name in ("new_tokens", "prompt_length", "gamma", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if any(b < 1 for b in args.batches + args.equality_batches):
+        parser.error("batch sizes must be positive")
+    if not 1.0 < args.tau < args.gamma + 1:
+        parser.error(f"--tau must lie in (1, γ + 1) = (1, {args.gamma + 1}), got {args.tau}")
     args.device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     accelerated = args.device.type != "cpu"
-    args.shape = args.shape or ("llama-3.2-1b" if accelerated else "tiny")
-    args.dtype = args.dtype or ("bfloat16" if accelerated else "float32")
+    args.tiny = args.tiny or not accelerated
+    args.shapes = args.shapes or (["tiny"] if args.tiny else GPU_SHAPES)
+    args.dtype = args.dtype or ("bfloat16" if accelerated and not args.tiny else "float32")
+    args.compile = accelerated if args.compile is None else args.compile
+    args.threads = args.threads or (None if accelerated else 1)
     return args
 
 
 def environment(args: argparse.Namespace) -> dict:
     name = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else args.device.type
-    return {"device": str(args.device), "device_name": name, "torch": torch.__version__,
-            "transformers": transformers.__version__, "shape": args.shape, "dtype": args.dtype,
-            "new_tokens": args.new_tokens}
+    return {
+        "device": str(args.device),
+        "device_name": name,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "shapes": args.shapes,
+        "dtype": args.dtype,
+        "new_tokens": args.new_tokens,
+        "prompt_length": args.prompt_length,
+        "gamma": args.gamma,
+        "tau": args.tau,
+        "compile": args.compile,
+    }
+
+
+class Guard:
+    """Nothing new starts once the next step's estimated cost would end past the deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+        self.skipped: list[str] = []
+
+    def allows(self, what: str, estimate: float = 0.0) -> bool:
+        if time.monotonic() + estimate <= self.deadline:
+            return True
+        self.skipped.append(what)
+        print(f"  skipped   {what} (time limit)", flush=True)
+        return False
+
+
+def ab_prompts(batch: int, length: int, vocab: int, device: torch.device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed + batch)
+    ids = torch.randint(3, min(vocab, 32000), (batch, length), generator=gen).to(device)
+    return ids, torch.ones_like(ids)
+
+
+def run_ab(target, shape: str, args, curve, guard: Guard) -> list[dict]:
+    """Every (batch, method) row of one shape, under the guard."""
+    rows, vocab, last = [], target.config.vocab_size, 0.0
+    for batch in args.batches:
+        if not guard.allows(f"{shape} batch {batch}", last):
+            continue
+        ids, mask = ab_prompts(batch, args.prompt_length, vocab, args.device)
+        with torch.no_grad():
+            reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=args.new_tokens)
+        setting = ab.Setting(
+            target,
+            ids,
+            mask,
+            reference,
+            args.new_tokens,
+            args.gamma,
+            args.tau,
+            args.compile,
+            extra={"auto": {"dspark_step_curve": curve}},
+        )
+        plain = None
+        for method in args.methods:
+            if batch > 1 and method in ab.BATCH_ONE_ONLY:
+                continue
+            if not guard.allows(f"{shape} batch {batch} {method}", last):
+                continue
+            started = time.monotonic()
+            row = {"shape": shape, **ab.measure_method(method, setting, args.repeats)}
+            last = time.monotonic() - started
+            plain = row.get("tokens_per_second") if method == "plain" else plain
+            if plain and row.get("tokens_per_second"):
+                row["speedup_vs_plain"] = row["tokens_per_second"] / plain
+            rows.append(row)
+            print("  " + ab_line(row), flush=True)
+    return rows
+
+
+def ab_line(row: dict) -> str:
+    head = f"A/B {row['shape']:12s} batch {row['batch']:3d} {row['method']:27s}"
+    if "tokens_per_second" not in row:
+        return f"{head} {'REFUSED' if 'refused' in row else 'ERROR'}: {row.get('refused') or row.get('error')}"
+    split = (
+        f" (verify {row['verify_ms_per_round']:.2f} + draft {row['draft_ms_per_round']:.2f})"
+        if row["verify_ms_per_round"] is not None
+        else ""
+    )
+    busy = f"  busy {row['gpu_busy_fraction']:.0%}" if row["gpu_busy_fraction"] is not None else ""
+    same = "identical" if row["identical_to_plain"] else "DIFFERS"
+    return (
+        f"{head} {row['tokens_per_second']:9.1f} tok/s  ×{row.get('speedup_vs_plain', 1.0):.2f}  "
+        f"{row['ms_per_round']:.2f} ms/round{split}  {row['tokens_per_round']:.2f} tok/round  "
+        f"{row['syncs_per_round']:.1f} syncs/round{busy}  {same}"
+    )
+
+
+def summary_table(rows: list[dict]) -> str:
+    lines = [
+        "| shape | batch | method | tok/s | × plain | ms/round | verify ms | draft ms | syncs/round | GPU busy |"
+        " = plain |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        if "tokens_per_second" not in r:
+            note = "refused" if "refused" in r else "error"
+            lines.append(f"| {r['shape']} | {r['batch']} | {r['method']} | {note} | | | | | | | |")
+            continue
+        fmt = lambda v, f: "–" if v is None else format(v, f)  # noqa: E731
+        lines.append(
+            f"| {r['shape']} | {r['batch']} | {r['method']} | {r['tokens_per_second']:.1f} | "
+            f"{r.get('speedup_vs_plain', 1.0):.2f} | {r['ms_per_round']:.2f} | "
+            f"{fmt(r['verify_ms_per_round'], '.2f')} | {fmt(r['draft_ms_per_round'], '.2f')} | "
+            f"{r['syncs_per_round']:.1f} | {fmt(r['gpu_busy_fraction'], '.0%')} | "
+            f"{'yes' if r['identical_to_plain'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def check_shape(shape: str, first: bool, args, report: dict, guard: Guard) -> None:
+    dtype = getattr(torch, args.dtype)
+    equality = first and args.equality_batches
+    target = build_target(shape, args.device, torch.float32 if equality else dtype)
+    with torch.no_grad():
+        if equality and guard.allows(f"{shape} equality"):
+            prompts = ragged_prompts(max(args.equality_batches), target.config.vocab_size, args.device)
+            report["equality"] += check_equality(
+                target, prompts, args.equality_batches, min(args.new_tokens, 32), args.gamma
+            )
+        target = target.to(dtype)
+    curve = None
+    if guard.allows(f"{shape} step curve"):
+        curve = profile_step_curve(
+            target,
+            batch_tokens=TINY_STEP_CURVE_TOKENS if args.tiny else STEP_CURVE_TOKENS,
+            rows=8,
+            cache_length=args.prompt_length,
+            repeats=1,
+            warmup=1,
+            progress=False,
+        )
+        report["step_curves"][shape] = curve.to_dict()
+    report["ab"] += run_ab(target, shape, args, curve, guard)
+    del target
+    gc.collect()
+    if args.device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    report = {"environment": environment(args)}
+    guard = Guard(args.time_limit)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = {"environment": environment(args), "equality": [], "step_curves": {}, "ab": [], "skipped": []}
     print(f"device check: {report['environment']}", flush=True)
-    prompts = ragged_prompts(max(args.batches), SHAPES[args.shape]["vocab_size"], args.device)
-    with torch.no_grad():
-        target = build_target(args.shape, args.device, torch.float32)
-        report["equality"] = check_equality(target, prompts, args.batches, args.new_tokens, args.block_size)
-        if args.dtype != "float32":
-            target = target.to(getattr(torch, args.dtype))
-            report["equality"] += check_equality(target, prompts, args.batches, args.new_tokens, args.block_size)
-        report["speed"] = check_speed(target, prompts, args.batches, args.gammas, args.new_tokens, args.repeats)
-    report["step_curve"] = check_step_curve(target, args.batch_tokens, args.repeats, args.cache_length)
-    failures = [r for r in report["equality"] if r["dtype"] == "float32" and not r["identical"]
-                and (r["divergence"]["margin"] is None or abs(r["divergence"]["margin"]) > args.tie_margin)]
+    for index, shape in enumerate(args.shapes):
+        if guard.allows(f"{shape} (every check)"):
+            check_shape(shape, index == 0, args, report, guard)
+    report["skipped"] = guard.skipped
+    failures = [
+        r
+        for r in report["equality"]
+        if r["dtype"] == "float32"
+        and not r["identical"]
+        and (r["divergence"]["margin"] is None or abs(r["divergence"]["margin"]) > args.tie_margin)
+    ]
+    failures += [f"{r['shape']} batch {r['batch']} {r['method']}: {r['error']}" for r in report["ab"] if "error" in r]
     report["passed"] = not failures
+    print("\n" + summary_table(report["ab"]))
+    if guard.skipped:
+        print(f"\nskipped (time limit): {', '.join(guard.skipped)}")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             json.dump(report, handle, indent=2)

@@ -1,44 +1,112 @@
-"""`scripts/device_check.py` on CPU with the tiny shape (the run a GPU machine does at Llama-3.2-1B shape)."""
+"""`scripts/device_check.py` on CPU with the tiny shape: the dry run of the GPU A/B (Llama-3.2-1B / 3.1-8B shapes)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device_check.py"
+TINY_RUN = [
+    "--tiny",
+    "--new-tokens",
+    "12",
+    "--batches",
+    "1",
+    "2",
+    "--repeats",
+    "1",
+    "--gamma",
+    "4",
+    "--equality-batches",
+    "1",
+    "3",
+]
 
 
 def _load_script():
     spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-def test_device_check_runs_on_cpu_tiny(tmp_path, capsys):
+def test_device_check_dry_run_on_cpu(tmp_path, capsys):
     device_check = _load_script()
     out = tmp_path / "report.json"
-    code = device_check.main(["--device", "cpu", "--shape", "tiny", "--new-tokens", "12", "--batches", "1", "3",
-                              "--gammas", "4", "8", "--repeats", "1", "--batch-tokens", "1", "4",
-                              "--cache-length", "16", "--out", str(out)])
-    assert code == 0
+    assert device_check.main([*TINY_RUN, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["passed"] and report["environment"]["device"] == "cpu"
+    assert report["passed"] and report["environment"]["device"] == "cpu" and report["skipped"] == []
     equality = report["equality"]
-    assert {(r["batch"], r["drafter"]) for r in equality} == {(1, "oracle"), (1, "untrained"), (3, "oracle"),
-                                                              (3, "untrained")}
+    assert {(r["batch"], r["drafter"]) for r in equality} == {
+        (1, "oracle"),
+        (1, "untrained"),
+        (3, "oracle"),
+        (3, "untrained"),
+    }
     assert all(r["identical"] and r["dtype"] == "float32" for r in equality)
     assert all(r["drafts_verified"] > 0 for r in equality)  # the drafters ran (fixed policy), not plain decoding
-    assert all(r["tau"] > 4 for r in equality if r["drafter"] == "oracle")  # every oracle draft is accepted
-    assert {(r["batch"], r["gamma"]) for r in report["speed"]} == {(1, 4), (1, 8), (3, 4), (3, 8)}
-    assert report["step_curve"]["batch_tokens"] == [1, 4] and report["step_curve"]["device"] == "cpu"
-    assert "PASSED" in capsys.readouterr().out
+    assert all(r["tau"] > 3 for r in equality if r["drafter"] == "oracle")  # every oracle draft is accepted
+    assert report["step_curves"]["tiny"]["device"] == "cpu"
+    rows = {(r["batch"], r["method"]): r for r in report["ab"]}
+    methods = device_check.METHODS
+    expected = {(b, m) for b in (1, 2) for m in methods if b == 1 or m not in ("stock-oracle", "stock-noisy")}
+    assert set(rows) == expected
+    for key, row in rows.items():
+        if "refused" in row:  # hf-dspark may decline a static cache / compiling, with the reason
+            assert key[1] == "oracle-fixed-static-compile" and "static" in row["refused"]
+            continue
+        assert "error" not in row, row
+        assert row["identical_to_plain"], row  # fp32 greedy: every method reproduces plain generate
+        assert row["tokens_per_second"] > 0 and row["ms_per_round"] > 0 and row["syncs_per_round"] > 0
+        assert row["gpu_busy_fraction"] is None  # the profiler's GPU share exists on CUDA only
+        if not key[1].startswith("plain"):
+            assert row["verify_ms_per_round"] > 0 and row["draft_ms_per_round"] >= 0
+    assert rows[(1, "plain")]["tokens_per_round"] == 1.0
+    assert rows[(1, "oracle-fixed")]["tokens_per_round"] == pytest.approx(12 / 3)  # γ + 1 per round, 3 rounds
+    assert 1.0 < rows[(2, "noisy-fixed")]["tokens_per_round"] < rows[(2, "oracle-fixed")]["tokens_per_round"]
+    printed = capsys.readouterr().out
+    assert "| tiny | 1 | stock-noisy |" in printed and "PASSED" in printed
+
+
+def test_time_guard_lists_what_it_skipped(capsys):
+    device_check = _load_script()
+    assert device_check.main([*TINY_RUN, "--time-limit", "0"]) == 0
+    assert "skipped (time limit): tiny (every check)" in capsys.readouterr().out
+
+
+def test_noisy_oracle_acceptance_is_geometric():
+    ab = _load_script().ab
+    p = ab.acceptance_for(3.5, 8)
+    assert 1 + sum(p**k for k in range(1, 9)) == pytest.approx(3.5, abs=1e-6)
+    noise = ab.Noise(p, vocab=50, seed=3)
+    drafts = torch.zeros(20000, 8, dtype=torch.long)
+    wrong = noise(drafts) != drafts
+    assert int(wrong.sum(dim=1).max()) <= 1  # one corrupted position at most: the first wrong draft
+    accepted = torch.where(wrong.any(dim=1), wrong.int().argmax(dim=1), torch.full((20000,), 8))
+    assert float(accepted.float().mean()) + 1 == pytest.approx(3.5, abs=0.05)
+    noise.reset()
+    assert not torch.equal(noise(drafts), noise(drafts))  # a fresh draw per round...
+    noise.reset()
+    first = noise(drafts)
+    noise.reset()
+    assert torch.equal(first, noise(drafts))  # ...and the same rounds after a reset
+
+
+@pytest.mark.parametrize("argv", [["--tau", "9", "--gamma", "4"], ["--repeats", "0"], ["--batches", "0"]])
+def test_bad_options_are_refused(argv):
+    with pytest.raises(SystemExit) as error:
+        _load_script().parse_args(argv)
+    assert error.value.code == 2
 
 
 def test_divergence_reports_the_plain_margin():
     """A differing token is located and priced by the plain run's logits (the tie diagnosis on GPUs)."""
-    import torch
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     device_check = _load_script()
