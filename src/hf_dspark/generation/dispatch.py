@@ -31,6 +31,7 @@ from .options import (
     validate_dspark_options,
 )
 from .target_cache import attention_layout
+from .target_checks import check_target
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -113,6 +114,7 @@ def _dspark_subclass(cls: type) -> type:
             if _requested_beams(self, kwargs) > 1:  # transformers would silently drop the assistant
                 raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
             _check_call_inputs(self, args, kwargs)
+            check_target(self)  # quantized, offloaded or dropout-active targets
             validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
             attention_layout(self)  # refuses attention layers ragged verification cannot mask, with the reason
         return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)

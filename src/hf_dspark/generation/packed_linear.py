@@ -67,6 +67,8 @@ def unpackable_reason(model: torch.nn.Module) -> str | None:
     """Why `model`'s linear weights cannot be packed (None: they can)."""
     if not onednn_linear_available():
         return "this PyTorch build has no oneDNN (torch.backends.mkldnn)"
+    if is_compiled(model):
+        return "the target's forward is compiled (torch.compile), and inductor cannot lower oneDNN's packed linear ops"
     weights = _linear_weights(model)
     if not weights:
         return "the model has no nn.Linear layers"
@@ -75,6 +77,13 @@ def unpackable_reason(model: torch.nn.Module) -> str | None:
     if any(w.dtype != torch.float32 for w in weights):
         return "packing is for float32 weights"
     return None
+
+
+def is_compiled(model: torch.nn.Module) -> bool:
+    """Whether calls to `model` run compiled: `model.forward = torch.compile(model.forward)` or `model.compile()`."""
+    forward = getattr(model, "forward", None)
+    return (getattr(forward, "_torchdynamo_orig_callable", None) is not None
+            or getattr(model, "_compiled_call_impl", None) is not None)
 
 
 def available_memory_bytes() -> int | None:

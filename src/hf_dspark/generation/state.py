@@ -8,6 +8,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from ..binding import validate_target_shape
 from .call_checks import check_call
 from .drafting import is_draft_model
+from .target_checks import check_target
 
 
 def validate_call(model, drafter, generation_config) -> None:
@@ -42,6 +43,7 @@ def bind_drafter(model, drafter) -> None:
     embedding, LM head, device and dtype, so the other model's `generate` calls would be refused and an engine
     already serving it would draft with the wrong model's weights (or fail on a device/dtype mismatch).
     """
+    check_target(model)  # quantized, offloaded or dropout-active targets, before any work
     if not hasattr(drafter, "bind_target"):  # a model-free drafter (oracle, prompt lookup): nothing to bind
         validate_target_shape(drafter.config, model)
         return

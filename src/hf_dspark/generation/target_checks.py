@@ -1,0 +1,87 @@
+"""Up-front refusals for targets whose state, not the call, keeps DSpark from matching plain `generate`.
+
+Run before the drafter is bound and before any forward, profiling run or cache work; each names what was found
+and the fix:
+
+- dynamically quantized linear layers (`torch.ao.quantization.quantize_dynamic`): each forward quantizes its
+  input with that forward's own range, so a verification forward over several tokens and rows computes other
+  logits than plain decoding's one-token steps (greedy output changes), and a quantized LM head has no weight
+  tensor for the drafter to share;
+- an input embedding or LM head whose weight is not held on a device (`meta`, as accelerate's `cpu_offload` /
+  `disk_offload` leave them): the drafter reads those weights directly, outside the offloading hooks;
+- a target left in training mode with dropout active: its forwards are random, so neither plain `generate`
+  nor DSpark's verification is reproducible, and they draw different masks;
+
+Targets that are supported as they are: PEFT adapters (unmerged, merged, switched, disabled), accelerate device
+maps with the embedding and LM head on a device (other layers may be offloaded), gradient checkpointing, bf16,
+and a `torch.compile`d forward (run without packed weights, `packed_linear.unpackable_reason`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
+
+
+def dynamically_quantized_layer(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(module name, class name) of the first layer from `torch.ao.nn.quantized` (dynamic or static), or None."""
+    for name, module in model.named_modules():
+        if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
+            return name, type(module).__name__
+    return None
+
+
+def offloaded_shared_weight(model: torch.nn.Module) -> str | None:
+    """Which of the weights the drafter shares (input embedding, LM head) is not a tensor on a device, or None."""
+    for label, module in (
+        ("input embedding", model.get_input_embeddings()),
+        ("LM head", model.get_output_embeddings()),
+    ):
+        weight = getattr(module, "weight", None)
+        if module is not None and (not isinstance(weight, torch.Tensor) or weight.device.type == "meta"):
+            where = "on the meta device" if isinstance(weight, torch.Tensor) else "not a weight tensor"
+            return f"the target's {label} weight is {where}"
+    return None
+
+
+def active_dropout(model: torch.nn.Module) -> str | None:
+    """The dropout a target in training mode applies (a Dropout module or a config rate above 0), or None."""
+    if not model.training:
+        return None
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.training and module.p > 0:
+            return f"{name} (p={module.p})"
+    config = model.config.get_text_config(decoder=True)
+    for field in DROPOUT_FIELDS:
+        rate = getattr(config, field, None)
+        if isinstance(rate, (int, float)) and rate > 0:
+            return f"config.{field}={rate}"
+    return None
+
+
+def check_target(model: torch.nn.Module) -> None:
+    """Refuse a target DSpark cannot verify exactly as it is (module docstring); returns None when it can."""
+    quantized = dynamically_quantized_layer(model)
+    if quantized is not None:
+        name, cls = quantized
+        raise ValueError(
+            f"DSpark cannot verify drafts exactly on this target: layer {name!r} is a {cls} (torch.ao quantization). "
+            "Dynamic quantization scales each forward's input by that forward's own range, so verifying several "
+            "tokens at once computes other logits than plain decoding's one-token steps and changes the output. "
+            "Generate with the unquantized target (or a weight-only quantization), or without the DSpark assistant."
+        )
+    offloaded = offloaded_shared_weight(model)
+    if offloaded is not None:
+        raise ValueError(
+            f"DSpark cannot draft for this target: {offloaded} (offloaded by accelerate, e.g. cpu_offload or "
+            "disk_offload), and the drafter reads the target's embedding and LM head weights directly. Keep them on "
+            "a device: load with a device_map that puts 'model.embed_tokens' and 'lm_head' on 'cpu' or a GPU (the "
+            "decoder layers may stay offloaded)."
+        )
+    dropout = active_dropout(model)
+    if dropout is not None:
+        raise ValueError(
+            f"The target is in training mode with dropout active ({dropout}): its forwards are random, so DSpark's "
+            "verification cannot reproduce plain generate. Call target.eval() before generating."
+        )
