@@ -201,6 +201,7 @@ def make_run(method: str, s: Setting) -> tuple[Callable[[], torch.Tensor], objec
     elif method.startswith("stock"):
         generator = stock_candidates(s.reference[0], s.gamma, s.ids.shape[1] + s.new_tokens, noise)
         common.update(prompt_lookup_num_tokens=s.gamma, _candidates=generator)
+        drafter = generator  # its get_candidates is the drafting time
     elif method == "untrained-fixed":
         torch.manual_seed(1)
         config = DSparkConfig.from_target(target.config, block_size=s.gamma)
@@ -210,7 +211,7 @@ def make_run(method: str, s: Setting) -> tuple[Callable[[], torch.Tensor], objec
     else:
         drafter = oracle_for(target, s.gamma, s.reference, s.mask)
         drafter = noisy(drafter, noise) if noise is not None else drafter
-    if drafter is not None:
+    if drafter is not None and not method.startswith("stock"):
         policy = method.split("-")[1]
         common.update(assistant_model=drafter, dspark_policy=policy, **s.extra.get(policy, {}))
         common.update(static if method.endswith("static-compile") else {})
@@ -234,8 +235,9 @@ def make_run(method: str, s: Setting) -> tuple[Callable[[], torch.Tensor], objec
 class Split:
     """Verify (target forwards after the prefill) and draft (drafter calls) seconds, device-synchronised."""
 
-    def __init__(self, target, drafter, device: torch.device) -> None:
+    def __init__(self, target, drafter, device: torch.device, prefill_verifies: bool = False) -> None:
         self.target, self.drafter, self.device = target, drafter, device
+        self.prefill_verifies = prefill_verifies  # the stock loop verifies its first drafts in the prefill forward
         self.forwards: list[float] = []
         self.draft_s = 0.0
         self._start = 0.0
@@ -262,7 +264,7 @@ class Split:
     def measure(self, run: Callable[[], torch.Tensor]) -> dict:
         hooks = [self.target.register_forward_pre_hook(self._pre), self.target.register_forward_hook(self._post)]
         saved = {}
-        for name in ("propose", "extend_context"):
+        for name in ("propose", "extend_context", "get_candidates"):
             if self.drafter is not None and hasattr(self.drafter, name):
                 saved[name] = vars(self.drafter).get(name)
                 setattr(self.drafter, name, self._wrap(getattr(self.drafter, name)))
@@ -276,10 +278,11 @@ class Split:
                     vars(self.drafter).pop(name, None)
                 else:
                     setattr(self.drafter, name, previous)
-        rounds = max(len(self.forwards) - 1, 1)
+        verifies = self.forwards[1:]  # the first forward holds the prompt (and, in the stock loop, a verification)
+        rounds = max(len(self.forwards) - (0 if self.prefill_verifies else 1), 1)
         return {
             "rounds": rounds,
-            "verify_ms_per_round": 1e3 * sum(self.forwards[1:]) / rounds,
+            "verify_ms_per_round": 1e3 * sum(verifies) / max(len(verifies), 1),
             "draft_ms_per_round": 1e3 * self.draft_s / rounds,
         }
 
@@ -317,17 +320,28 @@ def busy_fraction(run: Callable[[], torch.Tensor], device: torch.device) -> floa
         run()
         synchronize(device)
         wall_us = 1e6 * (time.perf_counter() - start)
-    busy = sum(
-        getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0
-        for e in prof.key_averages()
-    )
+    busy = busy_microseconds(prof.events())
     return min(busy / wall_us, 1.0) if wall_us > 0 else None
 
 
+def busy_microseconds(events) -> float:
+    """Length of the union of the device events' time ranges (kernels, copies; overlaps counted once)."""
+    from torch.autograd import DeviceType
+
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type != DeviceType.CPU)
+    total, end = 0.0, float("-inf")
+    for start, stop in spans:
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
 def measure_method(method: str, s: Setting, repeats: int) -> dict:
-    """Every number of one (method, batch) row; `refused`/`error` instead when the call raises."""
-    device, batch = s.ids.device, s.ids.shape[0]
-    row: dict = {"method": method, "batch": batch}
+    """Every number of one (method, batch) row; `refused` (hf-dspark declined an option) or `error` with the reason
+    when a call raises."""
+    device = s.ids.device
+    row: dict = {"method": method, "batch": s.ids.shape[0]}
     try:
         run, drafter, _ = make_run(method, s)
         synchronize(device)
@@ -336,8 +350,17 @@ def measure_method(method: str, s: Setting, repeats: int) -> dict:
         synchronize(device)
         row["warmup_s"] = time.perf_counter() - start
     except Exception as error:  # a declined option is a result, not a crash
-        key = "refused" if "static-compile" in method else "error"
+        key = "refused" if method == "oracle-fixed-static-compile" else "error"
         return {**row, key: f"{type(error).__name__}: {error}"}
+    try:
+        _measure(row, method, s, repeats, run, drafter)
+    except Exception as error:  # keep what was measured
+        row["error"] = f"{type(error).__name__}: {error}"
+    return row
+
+
+def _measure(row: dict, method: str, s: Setting, repeats: int, run, drafter) -> None:
+    device, batch = s.ids.device, s.ids.shape[0]
     seconds, output = [], None
     for _ in range(repeats):
         synchronize(device)
@@ -351,9 +374,57 @@ def measure_method(method: str, s: Setting, repeats: int) -> dict:
     if method.startswith("plain"):
         row.update(rounds=s.new_tokens, verify_ms_per_round=None, draft_ms_per_round=None)
     else:
-        row.update(Split(s.target, drafter, device).measure(run))
+        stock = method.startswith("stock")
+        row.update(Split(s.target, drafter, device, prefill_verifies=stock).measure(run))
     row["ms_per_round"] = 1e3 * wall / row["rounds"]
-    row["tokens_per_round"] = s.new_tokens / row["rounds"]
+    after_prefill = s.new_tokens - (0 if method.startswith(("plain", "stock")) else 1)  # hf-dspark: 1 from prefill
+    row["tokens_per_round"] = after_prefill / row["rounds"]
     row["syncs_per_round"] = count_syncs(run, s, drafter) / row["rounds"]
     row["gpu_busy_fraction"] = busy_fraction(run, device)
-    return row
+
+
+def _fmt(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+COLUMNS = (  # (header, key, format) of the summary table
+    ("tok/s", "tokens_per_second", ".1f"),
+    ("× plain", "speedup_vs_plain", ".2f"),
+    ("× static", "speedup_vs_static", ".2f"),
+    ("× stock", "speedup_vs_stock", ".2f"),
+    ("ms/round", "ms_per_round", ".2f"),
+    ("verify ms", "verify_ms_per_round", ".2f"),
+    ("draft ms", "draft_ms_per_round", ".2f"),
+    ("tok/round", "tokens_per_round", ".2f"),
+    ("syncs/round", "syncs_per_round", ".1f"),
+    ("GPU busy", "gpu_busy_fraction", ".0%"),
+)
+
+
+def row_line(row: dict) -> str:
+    """One finished row, as printed while the A/B runs."""
+    head = f"A/B {row['shape']:12s} batch {row['batch']:3d} {row['method']:27s}"
+    note = row.get("refused") or row.get("error")
+    if "tokens_per_second" not in row:
+        return f"{head} {'REFUSED' if 'refused' in row else 'ERROR'}: {note}"
+    same = {True: "identical", False: "DIFFERS", None: ""}[row.get("identical_to_plain")]
+    numbers = "  ".join(f"{name} {_fmt(row.get(key), spec)}" for name, key, spec in COLUMNS if key in row)
+    return f"{head} {numbers}  {same}" + (f"  ERROR: {note}" if note else "")
+
+
+def summary_table(rows: list[dict]) -> str:
+    """The A/B as a markdown table (refused and failed rows say so)."""
+    lines = [
+        "| shape | batch | method | " + " | ".join(c[0] for c in COLUMNS) + " | = plain |",
+        "| --- | ---: | --- |" + " ---: |" * len(COLUMNS) + " --- |",
+    ]
+    for r in rows:
+        if "tokens_per_second" not in r:
+            cells = ["refused" if "refused" in r else "error"] + [""] * len(COLUMNS)
+        else:
+            same = r.get("identical_to_plain")
+            cells = [_fmt(r.get(key), spec) for _, key, spec in COLUMNS] + [
+                "–" if same is None else "yes" if same else "no"
+            ]
+        lines.append(f"| {r['shape']} | {r['batch']} | {r['method']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

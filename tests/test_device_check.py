@@ -68,7 +68,8 @@ def test_device_check_dry_run_on_cpu(tmp_path, capsys):
         if not key[1].startswith("plain"):
             assert row["verify_ms_per_round"] > 0 and row["draft_ms_per_round"] >= 0
     assert rows[(1, "plain")]["tokens_per_round"] == 1.0
-    assert rows[(1, "oracle-fixed")]["tokens_per_round"] == pytest.approx(12 / 3)  # γ + 1 per round, 3 rounds
+    assert rows[(1, "oracle-fixed")]["tokens_per_round"] == pytest.approx(11 / 3)  # 1 from prefill, then 5, 5, 1
+    assert rows[(1, "stock-oracle")]["tokens_per_round"] == pytest.approx(12 / 3)  # 5, 5, 2 (from the prefill)
     assert 1.0 < rows[(2, "noisy-fixed")]["tokens_per_round"] < rows[(2, "oracle-fixed")]["tokens_per_round"]
     printed = capsys.readouterr().out
     assert "| tiny | 1 | stock-noisy |" in printed and "PASSED" in printed
@@ -119,3 +120,17 @@ def test_divergence_reports_the_plain_margin():
     output[1, 3] = 4
     found = device_check.first_divergence(reference, output, prompt_width=2)
     assert found == {"row": 1, "step": 1, "plain_token": 9, "dspark_token": 4, "margin": 0.5}
+
+
+def test_busy_time_is_the_union_of_device_events():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    ab = _load_script().ab
+
+    def event(start, end, device=DeviceType.CUDA):
+        return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end), device_type=device)
+
+    events = [event(0, 10), event(5, 12), event(20, 25), event(0, 100, DeviceType.CPU), event(21, 22)]
+    assert ab.busy_microseconds(events) == 17  # [0, 12] and [20, 25]; host events do not count
