@@ -17,6 +17,7 @@ from .memory import PolicyMemory
 from .padded import PaddedGreedyPolicy, PaddedLaggedPolicy
 from .records import DraftPlan, PolicySettings, ScheduleRecord
 from .registry import NO_SPECULATION, available_policies, canonical_policy_name, get_policy, register_policy
+from .slot_threshold import SlotThresholdPolicy
 from .threshold import ThresholdPolicy
 
 DEFAULT_POLICY = "auto"
@@ -28,6 +29,7 @@ register_policy("lagged", LaggedPolicy)
 register_policy("threshold", ThresholdPolicy)
 register_policy("greedy_padded", PaddedGreedyPolicy)
 register_policy("lagged_padded", PaddedLaggedPolicy)
+register_policy("slot_threshold", SlotThresholdPolicy)
 
 __all__ = [
     "DEFAULT_POLICY",
