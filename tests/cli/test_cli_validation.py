@@ -210,6 +210,16 @@ def test_export_checks_the_drafter_before_loading_the_target(tmp_path, capsys):
     assert "no such folder" in err and not (tmp_path / "out").exists()
 
 
+def test_export_refuses_a_non_empty_output_folder_before_loading_anything(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    err = _usage_error(["export", "--drafter", str(tmp_path / "none"), str(out)], capsys)
+    assert err.startswith("usage: hf-dspark export")
+    assert f"OUT {out} is not empty (keep.txt)" in err and "--overwrite" in err
+    assert (out / "keep.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("content", ["", "\n  \n"])
 def test_prepare_data_refuses_an_input_file_without_prompts(content, prompt_file, tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"

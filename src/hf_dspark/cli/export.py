@@ -5,15 +5,15 @@ from __future__ import annotations
 import argparse
 
 from .loaders import DTYPE_CHOICES, step_curve_file
-from .validation import check_drafter_path
+from .validation import check_drafter_path, check_output_folder
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Load the target (default: the embedded one) and the drafter, export, and print what was written."""
-    from ..interop.export import check_export_folder, export_from_paths, exported_summary
+    from ..interop.export import export_from_paths, exported_summary
 
     # Both before the target loads: the output folder first (the costlier mistake), then the drafter path.
-    check_export_folder(args.out, args.overwrite, keep=(args.drafter, args.target))
+    check_output_folder(args.parser, "OUT", args.out, args.overwrite, keep=(args.drafter, args.target))
     check_drafter_path(args.parser, "--drafter", args.drafter)
     out = export_from_paths(
         args.drafter,

@@ -64,3 +64,18 @@ def check_drafter_spec(parser: argparse.ArgumentParser, option: str, spec: str |
             parser.error(f"{option} {spec}: γ after 'untrained:' must be an integer >= 1, e.g. untrained:7")
         return
     check_drafter_path(parser, option, spec)
+
+
+def check_output_folder(
+    parser: argparse.ArgumentParser, option: str, path: str, overwrite: bool, keep: tuple[str | None, ...] = ()
+) -> None:
+    """An output folder must be new or empty (or `--overwrite`), and must not hold an input in `keep`.
+
+    The rule is `interop.export.check_export_folder`, the one the Python API applies; here it exits with status 2.
+    """
+    from ..interop.export import check_export_folder
+
+    try:
+        check_export_folder(path, overwrite, keep=keep)
+    except FileExistsError as error:
+        parser.error(f"{option} {error}")
