@@ -64,6 +64,18 @@ class DSparkPreTrainedModel(PreTrainedModel):
             nn.init.normal_(module.mask_embedding, std=self.config.initializer_range)
 
 
+def generating_model(target: nn.Module) -> nn.Module:
+    """The model whose `generate` runs when `target.generate` is called: a PEFT wrapper's base model
+    (`get_base_model()`), a `torch.compile` wrapper's original module (`_orig_mod`), else `target` itself."""
+    while True:
+        inner = getattr(target, "_orig_mod", None)
+        if inner is None and callable(getattr(target, "get_base_model", None)):
+            inner = target.get_base_model()
+        if inner is None or inner is target:
+            return target
+        target = inner
+
+
 class DSparkDrafter(DSparkPreTrainedModel):
     """The DSpark drafter. Bind it to its target with `bind_target` (or `from_pretrained(path, target=...)`)."""
 
@@ -109,6 +121,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         """Share the target's frozen embedding and LM head; move to its device and dtype; enable DSpark generate."""
         from .binding import validate_target_shape
 
+        target = generating_model(target)
         validate_target_shape(self.config, target)
         embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self._bound = _BoundTarget(embed, lm_head, id(target), str(getattr(target, "name_or_path", "")))
@@ -123,7 +136,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return self._bound is not None
 
     def bound_to(self, target: nn.Module) -> bool:
-        return self._bound is not None and self._bound.target_id == id(target)
+        return self._bound is not None and self._bound.target_id == id(generating_model(target))
 
     @property
     def last_generation_stats(self):

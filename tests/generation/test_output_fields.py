@@ -101,3 +101,24 @@ def test_sampled_output_has_plain_fields_and_a_continuable_cache(targets):
         pad_token_id=0,
     )
     assert torch.equal(_continue(target, output, mask, new=8), without)
+
+
+def test_prompt_cache_call_returns_the_full_cache(targets):
+    """With a prompt cache passed in, the returned cache covers the whole sequence, as plain's does."""
+    import copy
+
+    from transformers.cache_utils import DynamicCache
+
+    target = targets["llama"]
+    ids, mask = ragged_prompts(2, seed=5)
+    prefix = DynamicCache()
+    with torch.no_grad():
+        target(ids[:, :-2], attention_mask=mask[:, :-2], cache=prefix, use_cache=True)
+    kwargs = dict(max_new_tokens=10, do_sample=False, return_dict_in_generate=True)
+    reference = target.generate(ids, attention_mask=mask, cache=copy.deepcopy(prefix), **kwargs)
+    output = target.generate(
+        ids, attention_mask=mask, cache=copy.deepcopy(prefix), assistant_model=make_drafter(target), **kwargs
+    )
+    assert torch.equal(output.sequences, reference.sequences)
+    assert output.cache.get_seq_length() == reference.cache.get_seq_length() == output.sequences.shape[1] - 1
+    assert torch.equal(_continue(target, output, mask, new=6), _continue(target, reference, mask, new=6))

@@ -221,3 +221,33 @@ def test_bf16_target_generates_with_a_bf16_drafter():
     first = IDS.shape[1] + 1  # the prefill's token: the same forward as plain's
     assert output.shape == reference.shape and torch.equal(output[:, :first], reference[:, :first])
     assert next(drafter.parameters()).dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------- binding to a wrapper
+def test_drafter_bound_to_a_peft_or_compile_wrapper_serves_it():
+    """`bind_target(wrapper)` binds the model whose `generate` runs (the PEFT base model, the compiled original);
+    it used to bind the wrapper and send `wrapper.generate` to transformers' stock loop with an AttributeError."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        make_target("llama", seed=21), LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False)
+    ).eval()
+    drafter = make_drafter(model)
+    assert drafter.bound_to(model) and drafter.bound_to(model.get_base_model())
+    reference, output = _both(model, drafter)
+    assert torch.equal(reference, output)
+    target = make_target("llama", seed=22)
+    wrapper = torch.compile(target, backend="eager")
+    drafter = make_drafter(wrapper)
+    assert drafter.bound_to(target)
+    reference, output = _both(target, drafter, generator=wrapper)
+    assert torch.equal(reference, output)
+
+
+def test_module_compile_runs_unpacked_and_matches_plain():
+    target = make_target("llama", seed=21)
+    drafter = make_drafter(target)
+    target.compile(backend="eager")
+    assert linear_packs_for(target, None) is None
+    reference, output = _both(target, drafter, max_new_tokens=8)
+    assert torch.equal(reference, output)
