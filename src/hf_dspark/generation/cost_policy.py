@@ -37,6 +37,11 @@ if TYPE_CHECKING:
     from .round import RoundRecord
 
 
+def _priced_rows(chosen: torch.Tensor, shares: torch.Tensor | None) -> int | None:
+    """⌈Σ shares⌉ over the chosen rows (`draft_or_decode`'s priced count), None without shares."""
+    return None if shares is None else math.ceil(float(shares[chosen].sum()) - 1e-9)
+
+
 def seconds_per_call(curve, counts: torch.Tensor) -> torch.Tensor:
     """1 / SPS at each count (float64), or zeros without a curve."""
     if curve is None:
@@ -70,6 +75,7 @@ class CostAwarePlanner:
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _last: tuple[Any, tuple[torch.Tensor, int]] | None = field(default=None, repr=False)
+    _priced: int | None = field(default=None, repr=False)
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
         """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
@@ -104,7 +110,8 @@ class CostAwarePlanner:
         longest = max(record.verify_len, default=0)
         predicted = float(self.verify_seconds(rows)[min(longest, self.tracker.block_size)])
         if record.drafted:
-            predicted += float(self.draft_seconds(rows)[record.drafted])
+            priced = record.drafted if self._priced is None else self._priced
+            predicted += float(self.draft_seconds(rows)[priced])
         measured = record.verify_seconds + record.draft_seconds
         costs = self.tracker.memory.costs
         costs.observe(bool(record.drafted), measured, predicted)
@@ -121,12 +128,15 @@ class CostAwarePlanner:
         memory = self.tracker.memory
         memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
 
-    def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
-        """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify."""
+    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None) -> DraftPlan:
+        """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify; `draft_costs`
+        `[R]`: each row's share of the draft curve's per-row cost (None: 1 each; see `draft_or_decode`)."""
         count, gamma = len(rows), self.tracker.block_size
         cap = cap.detach().cpu().clamp(0, gamma)
+        shares = None if draft_costs is None else draft_costs.detach().cpu().to(torch.float64).clamp(0.0, 1.0)
         costs = self.corrected_costs(count)
-        chosen, length = self._decide(rows, cap, costs)
+        chosen, length = self._decide(rows, cap, costs, shares)
+        self._priced = None
         memory = self.tracker.memory
         if length > 0 or (memory.probe_verdict_due and bool((cap > 0).any())):
             # The last probe's verdict (not while no row may draft at all), or any evidence that drafts pay.
@@ -136,18 +146,25 @@ class CostAwarePlanner:
             memory.rounds_since_probe = 0
             drafting = chosen.nonzero().flatten()
             forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
-            return DraftPlan(rows=drafting, length=length, batch_rows=count, forecast=forecast)
+            self._priced = _priced_rows(chosen, shares)
+            return DraftPlan(
+                rows=drafting, length=length, batch_rows=count, forecast=forecast, priced_rows=self._priced
+            )
         memory.rounds_since_probe += 1
         due = not memory.observed or memory.rounds_since_probe >= self.probe_wait(memory)
         if not due or not bool((cap > 0).any()):
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         hopeful = torch.full((count, gamma), self.optimistic, dtype=torch.float64).cumprod(dim=-1)
-        chosen, length = draft_or_decode(self._expected(hopeful, cap), *costs)
+        chosen, length = draft_or_decode(self._expected(hopeful, cap), *costs, shares)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         memory.rounds_since_probe, memory.probe_verdict_due = 0, True
-        memory.probe_interval = self._interval(costs, int(chosen.sum()), length)
-        return DraftPlan(rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count)
+        self._priced = _priced_rows(chosen, shares)
+        priced = int(chosen.sum()) if self._priced is None else self._priced
+        memory.probe_interval = self._interval(costs, priced, length)
+        return DraftPlan(
+            rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count, priced_rows=self._priced
+        )
 
     def probe_wait(self, memory: AcceptanceMemory) -> int:
         """Plain rounds before the next probe: the budgeted interval, doubled per futile probe in a row, at most
@@ -155,15 +172,16 @@ class CostAwarePlanner:
         base = max(memory.probe_interval, self.min_interval, 1)
         return int(min(base * 2 ** min(memory.futile_probes, 30), max(self.max_interval, self.min_interval)))
 
-    def _decide(self, rows: list[Any], cap: torch.Tensor, costs) -> tuple[torch.Tensor, int]:
+    def _decide(self, rows: list[Any], cap: torch.Tensor, costs, shares=None) -> tuple[torch.Tensor, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
         run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
         until their own evidence has faded)."""
         memory = self.tracker.memory
         key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, memory.trials.sum().item(), memory.costs.key())
+        key += (None if shares is None else tuple(shares.tolist()),)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        decision = draft_or_decode(self._expected(self.tracker.survival(rows), cap), *costs)
+        decision = draft_or_decode(self._expected(self.tracker.survival(rows), cap), *costs, shares)
         self._last = (key, decision)
         return decision
 

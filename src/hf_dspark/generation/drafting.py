@@ -10,7 +10,9 @@ A drafter is anything with a `config` (`block_size` γ, `vocab_size`, `target_la
 
 `DSparkDrafter` satisfies it; so do the oracle and prompt-lookup drafters of `hf_dspark.eval`, which are plain
 classes. Optional: `bind_target(target)` / `bound_to(target)` / `is_bound` (checked by `generate`), and
-`draft_curve`, a `StepCurve` of proposals per second against rows (model-free drafters: None, cost ≈ 0).
+`draft_curve`, a `StepCurve` of proposals per second against rows (model-free drafters: None, cost ≈ 0), and
+`row_draft_costs(cache, histories)` -> `[R]` each row's share of that curve's per-row cost this round (called before
+the policy plans; a hybrid's lookup rows pay ≈ 0; it may read only the committed context and earlier rounds).
 """
 
 from __future__ import annotations

@@ -124,9 +124,10 @@ class VerificationPolicy:
         """`"auto"`'s `CostAwarePlanner` (None for the other policies)."""
         return getattr(self.rule, "planner", None)
 
-    def plan(self, rows: list[Any], cap: torch.Tensor):
-        """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them."""
-        return self.rule.plan(rows, cap)
+    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None):
+        """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them.
+        `draft_costs` `[A]`: each row's share of the drafter's per-row cost (`DraftModel.row_draft_costs`)."""
+        return self.rule.plan(rows, cap, draft_costs)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
         """What verification kept this round (all active rows, ℓ = 0 for those that did not draft)."""

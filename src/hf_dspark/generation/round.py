@@ -157,7 +157,12 @@ class RoundKernel:
              commit: CommitFn) -> RoundRecord:
         """One round for every row of `batch`; cap `[A]`: the most drafts row a may verify (budget − 1)."""
         start = time.perf_counter()
-        plan = self.policy.plan(batch.rows, cap) if self.drafter is not None else DraftPlan(rows=cap[:0].long())
+        if self.drafter is None:
+            plan = DraftPlan(rows=cap[:0].long())
+        else:  # a drafter whose rows cost differently (a hybrid's lookup rows) says so before the plan
+            row_costs = getattr(self.drafter, "row_draft_costs", None)
+            shares = None if row_costs is None else row_costs(batch.draft_cache, histories)
+            plan = self.policy.plan(batch.rows, cap, shares)
         planned = time.perf_counter()
         drafts, draft_probs, verify_len, record = self._draft(batch, histories, cap, plan)
         drafted = time.perf_counter()

@@ -7,7 +7,8 @@ scored every round, counterfactually, since its proposal is a function of the co
 drafted). `choose_sources` never sees this round's sampled drafts or confidences, so the round's proposal
 distribution q is fixed by the past and speculative sampling stays exact (tests/test_hybrid_appendix_a.py shows
 a rule that looks at this round's DSpark drafts is biased). Only the rows that chose DSpark run the drafter's
-forward: a round where every row copies costs ≈ nothing.
+forward, and the drafter's context update waits until it drafts: a round where every row copies costs
+≈ nothing, and `row_draft_costs` tells the "auto" policy so before it plans.
 
 One source per row per round (not both): verifying both would need a tree of two branches in the target forward,
 which the ragged verification does not do; the lagged choice gets most of the gain at the cost of one of them.
@@ -56,31 +57,82 @@ def choose_sources(
 
 @dataclass
 class HybridRowState:
-    """A row's lagged per-source scores and what each source proposed last (with the history length then)."""
+    """A row's lagged per-source scores, what each source proposed last (with the history length then) and this
+    round's choice once made (`planned`: history length, source, the lookup's continuation)."""
 
     match: RowMatchState
     scores: list[float] = field(default_factory=lambda: [0.0, 0.0])
     pending: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (source, history length, drafts)
+    planned: tuple[int, int, list[int]] | None = None
 
 
 @dataclass
 class HybridCache:
-    """The DSpark drafter's cache and each row's `HybridRowState` (shared by reference across `select_rows`)."""
+    """The DSpark drafter's cache, each row's `HybridRowState` (shared by reference across `select_rows`) and the
+    context updates queued for the DSpark drafter (`queued`: (features, valid) in order), which reach it only when
+    it drafts (`flush`): rounds in which every row copies skip its context update too."""
 
     inner: Any
     states: list[HybridRowState]
+    drafter: Any = field(default=None, repr=False)
+    queued: list[tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
         return len(self.states)
 
+    def queued_slots(self) -> int:
+        return sum(int(v.shape[1]) for _, v in self.queued)
+
+    def flush(self) -> None:
+        """Give the queued context updates to the DSpark drafter in one `extend_context` call."""
+        if not self.queued:
+            return
+        features = [f for f, _ in self.queued]
+        merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
+        valid = torch.cat([v for _, v in self.queued], dim=1)
+        self.queued = []
+        self.drafter.extend_context(self.inner, merged, valid)
+
     def select_rows(self, rows: torch.Tensor) -> HybridCache:
-        return HybridCache(self.inner.select_rows(rows), [self.states[i] for i in rows.tolist()])
+        self.flush()  # the rows' copy and this cache then share the DSpark context
+        return HybridCache(self.inner.select_rows(rows), [self.states[i] for i in rows.tolist()], self.drafter)
 
     @staticmethod
     def concat(caches: list[HybridCache]) -> HybridCache:
+        for cache in caches:
+            cache.flush()
         inner = type(caches[0].inner).concat([c.inner for c in caches])
-        return HybridCache(inner, [s for c in caches for s in c.states])
+        return HybridCache(inner, [s for c in caches for s in c.states], caches[0].drafter)
+
+
+@dataclass
+class HybridRound:
+    """One `propose` call of the hybrid: its rows (anchors `[R]`, cache, ids, histories), each row's source `[R]`
+    and the lookup's drafts `[R, γ]`, and how the DSpark rows are drafted (sampling, processors, generator)."""
+
+    anchor_ids: torch.Tensor
+    cache: HybridCache
+    sources: torch.Tensor
+    lookup_drafts: torch.Tensor
+    histories: list[torch.Tensor]
+    row_ids: list[Any] | None = None
+    do_sample: bool = False
+    want_probs: bool = False
+    logits_processor: Any = None
+    generator: Any = None
+
+    def dspark_rows(self) -> torch.Tensor:
+        """Indices `[S]` of the rows that chose DSpark."""
+        return torch.nonzero(self.sources == DSPARK).flatten()
+
+    def processor_for(self, index: list[int]):
+        """The drafts' logits processing restricted to the rows `index` (a `DraftProcessing` is per row)."""
+        proc = self.logits_processor
+        if proc is None or not hasattr(proc, "rows"):
+            return proc
+        rows = None if self.row_ids is None else [self.row_ids[i] for i in index]
+        return type(proc)(proc.processors, rows, [self.histories[i] for i in index])
 
 
 class HybridDrafter:
@@ -92,8 +144,11 @@ class HybridDrafter:
         decay: weight of the newest observation in the lagged scores (exponential moving average).
         prior: (DSpark, lookup) scores before any observation, in accepted tokens.
         margin: how much better (in lagged accepted tokens) the lookup must be to be chosen.
+        min_match: the shortest n-gram match the lookup may be chosen with.
+        max_queued: context slots queued for the DSpark drafter before they reach it without a DSpark proposal.
 
-    `source_counts` holds how many (DSpark, lookup) row-proposals the last calls made.
+    `source_counts` holds how many (DSpark, lookup) row-proposals the last calls made. `row_draft_costs` tells the
+    "auto" policy, before it plans, that a lookup row costs nothing of the DSpark drafter's cost curve.
     """
 
     reads_features = True
@@ -105,6 +160,8 @@ class HybridDrafter:
         decay: float = 0.5,
         prior: tuple[float, float] = (1.0, 1.5),
         margin: float = 0.0,
+        min_match: int = 1,
+        max_queued: int = 64,
     ) -> None:
         if proposer.config.block_size != drafter.config.block_size:
             raise ValueError(
@@ -112,7 +169,8 @@ class HybridDrafter:
                 f"{drafter.config.block_size}: build the proposer with the drafter's block size."
             )
         self.drafter, self.proposer = drafter, proposer
-        self.decay, self.prior, self.margin = decay, prior, margin
+        self.decay, self.prior, self.margin, self.min_match = decay, prior, margin, min_match
+        self.max_queued = max_queued
         self.source_counts = [0, 0]
 
     # -- the drafter protocol, delegated ------------------------------------------------------------
@@ -149,18 +207,45 @@ class HybridDrafter:
     def init_cache(self, batch_size: int, capacity: int = 64) -> HybridCache:
         matches = self.proposer.init_cache(batch_size).states
         states = [HybridRowState(m, list(self.prior)) for m in matches]
-        return HybridCache(self.drafter.init_cache(batch_size, capacity), states)
+        return HybridCache(self.drafter.init_cache(batch_size, capacity), states, self.drafter)
 
     def extend_context(self, cache: HybridCache, target_hidden: torch.Tensor | None, valid: torch.Tensor) -> None:
-        self.drafter.extend_context(cache.inner, target_hidden, valid)
+        """Queue the update for the DSpark drafter (it reaches it before its next proposal, or once full)."""
+        cache.queued.append((target_hidden, valid))
+        if cache.queued_slots() >= self.max_queued:
+            cache.flush()
 
-    # -- lagged scores ---------------------------------------------------------------------------------
+    # -- the per-row source, chosen before drafting ---------------------------------------------------
     def _score(self, state: HybridRowState, history: list[int]) -> None:
         """Fold the agreement of every pending proposal that the history now resolves into the lagged scores."""
         for source, start, drafts in state.pending:
             got = agreement(drafts, history[start:])
             state.scores[source] = (1 - self.decay) * state.scores[source] + self.decay * got
         state.pending = []
+
+    def _plan_row(self, state: HybridRowState, history: torch.Tensor) -> tuple[int, int, list[int]]:
+        """This round's (history length, source, lookup continuation) of one row, chosen once per round."""
+        length = int(history.shape[0])
+        if state.planned is not None and state.planned[0] == length:
+            return state.planned
+        self._score(state, history.tolist())
+        follow, matched = self.proposer.match(state.match, history)
+        source = choose_sources(
+            torch.tensor([matched]),
+            torch.tensor([state.scores[LOOKUP]]),
+            torch.tensor([state.scores[DSPARK]]),
+            min_match=self.min_match,
+            margin=self.margin,
+        )
+        state.planned = (length, int(source[0]), follow)
+        return state.planned
+
+    def row_draft_costs(self, cache: HybridCache, histories: list[torch.Tensor]) -> torch.Tensor:
+        """`[R]` each row's share of the DSpark drafter's per-row cost this round: 1 for DSpark rows, 0 for
+        lookup rows (the choice is made here, from the committed context and lagged scores, and kept for
+        `propose`)."""
+        planned = [self._plan_row(s, h) for s, h in zip(cache.states, histories)]
+        return torch.tensor([1.0 if source == DSPARK else 0.0 for _, source, _ in planned], dtype=torch.float64)
 
     @torch.no_grad()
     def propose(
@@ -177,78 +262,46 @@ class HybridDrafter:
     ) -> DSparkProposal:
         if histories is None:
             raise ValueError("HybridDrafter needs the rows' histories (the DSpark loop passes them)")
-        lists = [h.tolist() for h in histories]
-        for state, history in zip(cache.states, lists):
-            self._score(state, history)
-        found = [self.proposer.match(s.match, h) for s, h in zip(cache.states, histories)]
-        sources = choose_sources(
-            torch.tensor([n for _, n in found]),
-            torch.tensor([s.scores[LOOKUP] for s in cache.states]),
-            torch.tensor([s.scores[DSPARK] for s in cache.states]),
-            margin=self.margin,
-        )
-        gamma = self.config.block_size
-        lookup_drafts = drafts_from_matches(anchor_ids, [f for f, _ in found], gamma)
-        proposal = self._combine(
-            anchor_ids,
-            cache,
-            sources,
-            lookup_drafts,
-            do_sample,
-            logits_processor,
-            generator,
-            return_probs,
-            row_ids,
-            histories,
-        )
-        for a, (state, history) in enumerate(zip(cache.states, lists)):
-            state.pending.append((LOOKUP, len(history), lookup_drafts[a].tolist()))  # scored counterfactually
-            if sources[a] == DSPARK:
-                state.pending.append((DSPARK, len(history), proposal.draft_ids[a].tolist()))
+        planned = [self._plan_row(s, h) for s, h in zip(cache.states, histories)]
+        sources = torch.tensor([source for _, source, _ in planned], dtype=torch.long)
+        lookup_drafts = drafts_from_matches(anchor_ids, [follow for _, _, follow in planned], self.config.block_size)
+        want_probs = bool(return_probs if return_probs is not None else do_sample)
+        call = HybridRound(
+            anchor_ids, cache, sources, lookup_drafts, list(histories), row_ids, do_sample, want_probs,
+            logits_processor, generator,
+        )  # fmt: skip
+        proposal = self._combine(call)
+        for a, (state, (length, source, _)) in enumerate(zip(cache.states, planned)):
+            state.pending.append((LOOKUP, length, lookup_drafts[a].tolist()))  # scored counterfactually
+            if source == DSPARK:
+                state.pending.append((DSPARK, length, proposal.draft_ids[a].tolist()))
+            state.planned = None
         dspark_rows = int((sources == DSPARK).sum())
         self.source_counts[DSPARK] += dspark_rows
-        self.source_counts[LOOKUP] += len(lists) - dspark_rows
+        self.source_counts[LOOKUP] += len(planned) - dspark_rows
         return proposal
 
-    def _combine(
-        self,
-        anchor_ids,
-        cache,
-        sources,
-        lookup_drafts,
-        do_sample,
-        logits_processor,
-        generator,
-        return_probs,
-        row_ids,
-        histories,
-    ) -> DSparkProposal:
+    def _combine(self, call: HybridRound) -> DSparkProposal:
         """Run the DSpark drafter on the rows that chose it and merge with the lookup rows' one-hot proposals."""
-        want_probs = bool(return_probs if return_probs is not None else do_sample)
-        vocab = self.config.vocab_size
-        drafts = lookup_drafts.clone()
+        drafts = call.lookup_drafts.clone()
         token_probs = torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
-        probs = torch.nn.functional.one_hot(drafts, vocab).float() if want_probs else None
-        lookup_conf = torch.tensor([min(s.scores[LOOKUP] / self.config.block_size, 0.99) for s in cache.states])
-        confidence = lookup_conf[:, None].expand(drafts.shape).clone().to(drafts.device).clamp_min(1e-3)
-        index = torch.nonzero(sources == DSPARK).flatten()
+        probs = torch.nn.functional.one_hot(drafts, self.config.vocab_size).float() if call.want_probs else None
+        scores = [min(s.scores[LOOKUP] / self.config.block_size, 0.99) for s in call.cache.states]
+        confidence = torch.tensor(scores)[:, None].expand(drafts.shape).clone().to(drafts.device).clamp_min(1e-3)
+        index = call.dspark_rows()
         if index.numel() == 0:
             return DSparkProposal(drafts, probs, token_probs, confidence if self._has_confidence() else None)
-        dev_index = index.to(anchor_ids.device)
-        sub_rows = None if row_ids is None else [row_ids[i] for i in index.tolist()]
-        sub_hist = [histories[i] for i in index.tolist()]
-        sub_proc = logits_processor
-        if logits_processor is not None and hasattr(logits_processor, "rows"):
-            sub_proc = type(logits_processor)(logits_processor.processors, sub_rows, sub_hist)
+        call.cache.flush()
+        dev_index, picked = index.to(call.anchor_ids.device), index.tolist()
         inner = self.drafter.propose(
-            anchor_ids.index_select(0, dev_index),
-            cache.inner.select_rows(dev_index),
-            do_sample=do_sample,
-            logits_processor=sub_proc,
-            generator=generator,
-            return_probs=want_probs,
-            row_ids=sub_rows,
-            histories=sub_hist,
+            call.anchor_ids.index_select(0, dev_index),
+            call.cache.inner.select_rows(dev_index),
+            do_sample=call.do_sample,
+            logits_processor=call.processor_for(picked),
+            generator=call.generator,
+            return_probs=call.want_probs,
+            row_ids=None if call.row_ids is None else [call.row_ids[i] for i in picked],
+            histories=[call.histories[i] for i in picked],
         )
         drafts[dev_index] = inner.draft_ids
         token_probs[dev_index] = inner.draft_token_probs.float()

@@ -37,8 +37,8 @@ class AutoPolicy(BasePolicy):
         )
         self._plan = DraftPlan()
 
-    def plan(self, rows, cap):
-        self._plan = self.planner.plan(rows, cap)
+    def plan(self, rows, cap, draft_costs=None):
+        self._plan = self.planner.plan(rows, cap, draft_costs)
         return self._plan
 
     def lengths(self, survival, rows, device):
@@ -46,7 +46,8 @@ class AutoPolicy(BasePolicy):
         length = int(self._plan.length if self._plan.length is not None else self.settings.block_size)
         if survival is not None and not self._plan.probe:
             total = self._plan.batch_rows or rows
-            sunk = float(self.planner.draft_seconds(rows)[rows])
+            priced = rows if self._plan.priced_rows is None else self._plan.priced_rows
+            sunk = float(self.planner.draft_seconds(rows)[priced])
             length = sunk_cost_stop(
                 survival, total, self.planner.verify_seconds(total), sunk, length, forecast=self._plan.forecast
             )

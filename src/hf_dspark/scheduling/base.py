@@ -1,7 +1,8 @@
 """The `Policy` protocol every verification-length policy implements, and `BasePolicy`, its default half.
 
 A policy is built once per `generate` call (or per engine) from `PolicySettings` and asked, every round:
-`plan(rows, cap)` before the drafter runs (which rows draft; earlier rounds only), then
+`plan(rows, cap, draft_costs)` before the drafter runs (which rows draft; earlier rounds only; `draft_costs` `[R]`
+or None: each row's share of the drafter's per-row cost, from `DraftModel.row_draft_costs`), then
 `lengths(survival, rows, device)` for the verification lengths ℓ_r `[R]` from this round's prefix survivals
 (`[R, γ]`, None without a confidence head; the caller clips them to the remaining budget). `observe`,
 `observe_round` and `forget` feed back what verification accepted, the round's wall times and departed rows.
@@ -25,7 +26,7 @@ class Policy(Protocol):
     needs_confidence: ClassVar[bool]
     settings: PolicySettings
 
-    def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan: ...
+    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None) -> DraftPlan: ...
 
     def lengths(self, survival: torch.Tensor | None, rows: int, device: torch.device) -> torch.Tensor: ...
 
@@ -51,7 +52,7 @@ class BasePolicy:
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
 
-    def plan(self, rows: list[Any], cap: torch.Tensor) -> DraftPlan:
+    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None) -> DraftPlan:
         return DraftPlan()
 
     def lengths(self, survival: torch.Tensor | None, rows: int, device: torch.device) -> torch.Tensor:

@@ -81,7 +81,10 @@ def padded_verify_seconds(step_curve: StepCurve, rows: int, gamma: int) -> torch
 
 
 def draft_or_decode(
-    expected_tokens: torch.Tensor, verify_seconds: torch.Tensor, draft_seconds: torch.Tensor | None = None
+    expected_tokens: torch.Tensor,
+    verify_seconds: torch.Tensor,
+    draft_seconds: torch.Tensor | None = None,
+    row_costs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, int]:
     """Cost-aware padded round: which rows draft, and the uniform L they verify, or plain decoding (L = 0).
 
@@ -91,8 +94,10 @@ def draft_or_decode(
     expected_tokens: `[R, γ + 1]` E_r(L) = 1 + Σ_{j≤L} â_{r,j}, tokens row r is expected to commit when verifying L
     drafts (column 0 is 1); verify_seconds: `[γ + 1]` T_verify(R·(1 + L)) (`padded_verify_seconds`);
     draft_seconds: `[R + 1]` T_draft(k), seconds of one proposal for k rows (index 0 is ignored; None: drafting
-    is free). Returns (drafting: bool `[R]`, L). Every input must come from earlier rounds (lagged estimates),
-    never from this round's drafts: the decision is then lossless like a fixed ℓ.
+    is free); row_costs: `[R]` the share of one curve row each row's proposal pays (a hybrid drafter's lookup rows
+    ≈ 0; None: 1 each): the top-k rows then cost T_draft(⌈Σ shares⌉), and equal gains rank cheaper rows first.
+    Returns (drafting: bool `[R]`, L). Every input must come from earlier rounds (lagged estimates) or the
+    committed context, never from this round's drafts: the decision is then lossless like a fixed ℓ.
     """
     rows, width = expected_tokens.shape
     gamma = width - 1
@@ -100,9 +105,19 @@ def draft_or_decode(
     if rows == 0 or gamma == 0:
         return chosen, 0
     extra = (expected_tokens[:, 1:].to(torch.float64) - 1.0).clamp_min(0.0)  # [R, γ]
-    ranked, order = torch.sort(extra, dim=0, descending=True, stable=True)
+    if row_costs is None:
+        ranked, order = torch.sort(extra, dim=0, descending=True, stable=True)
+    else:  # cheaper rows first among equal gains
+        cheap_first = torch.sort(row_costs, stable=True).indices
+        ranked, within = torch.sort(extra[cheap_first], dim=0, descending=True, stable=True)
+        order = cheap_first[within]
     gained = rows + ranked.cumsum(dim=0)  # [k = 1..R, L = 1..γ]
-    drafting = draft_seconds[1 : rows + 1, None] if draft_seconds is not None else 0.0
+    drafting = 0.0
+    if draft_seconds is not None and row_costs is None:
+        drafting = draft_seconds[1 : rows + 1, None]
+    elif draft_seconds is not None:  # T_draft(⌈Σ_{top-k} shares⌉), 0 when no priced row drafts
+        priced = row_costs.to(torch.float64)[order].cumsum(dim=0).sub(1e-9).ceil().clamp(0, rows).long()
+        drafting = torch.where(priced > 0, draft_seconds[priced], 0.0)
     theta = gained / (verify_seconds[None, 1:] + drafting)
     best = int(torch.argmax(theta))
     if float(theta.view(-1)[best]) <= rows / float(verify_seconds[0]):

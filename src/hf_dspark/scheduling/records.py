@@ -24,13 +24,16 @@ class DraftPlan:
     """Rows that draft this round (`rows`, indices into the active rows; None = all) and their planned uniform
     verification length (`length`; None = the policy decides from the proposal). `probe`: a refresh round;
     `batch_rows`: active rows in the round (None: unknown), whose padding the verification pays for; `forecast`:
-    the drafting rows' conditional acceptance `[S, γ]` from earlier rounds (the sunk-cost stop's look-ahead)."""
+    the drafting rows' conditional acceptance `[S, γ]` from earlier rounds (the sunk-cost stop's look-ahead);
+    `priced_rows`: the rows of the drafter's cost curve the drafting rows pay for (None: one each; a hybrid
+    drafter's lookup rows pay none)."""
 
     rows: torch.Tensor | None = None
     length: int | None = None
     probe: bool = False
     batch_rows: int | None = None
     forecast: torch.Tensor | None = None
+    priced_rows: int | None = None
 
     @property
     def drafts(self) -> bool:
