@@ -126,8 +126,9 @@ class VerificationPolicy:
 
     def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None):
         """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them.
-        `draft_costs` `[A]`: each row's share of the drafter's per-row cost (`DraftModel.row_draft_costs`)."""
-        return self.rule.plan(rows, cap, draft_costs)
+        `draft_costs` `[A]`: each row's share of the drafter's per-row cost (`DraftModel.row_draft_costs`; passed on
+        only when given, so a policy whose `plan` takes (rows, cap) keeps working)."""
+        return self.rule.plan(rows, cap) if draft_costs is None else self.rule.plan(rows, cap, draft_costs)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
         """What verification kept this round (all active rows, ℓ = 0 for those that did not draft)."""
