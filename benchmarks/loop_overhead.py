@@ -382,6 +382,8 @@ def markdown(rows: list[dict], ratios: list[dict]) -> str:
 
 
 def before_after(before: dict, after: dict) -> str:
+    """Per case ms before and after, then each run's own paired ratios side by side (those compare across runs on a
+    busy machine; the ms do only on a quiet one)."""
     old = {r["key"]: r for r in before["cases"]}
     lines = ["| case | batch | before ms | after ms | after / before |", "| --- | ---: | ---: | ---: | ---: |"]
     for r in after["cases"]:
@@ -391,6 +393,11 @@ def before_after(before: dict, after: dict) -> str:
                 f"| {r['case']} | {r['batch']} | {b['overhead_ms']:.3f} | {r['overhead_ms']:.3f} | "
                 f"{r['overhead_ms'] / b['overhead_ms']:.2f} |"
             )
+    old_ratios = {r["ratio"]: r for r in before.get("ratios", [])}
+    lines += ["", "| ratio | before | after |", "| --- | ---: | ---: |"]
+    for r in after["ratios"]:
+        b = old_ratios.get(r["ratio"])
+        lines.append(f"| {r['ratio']} | {'–' if b is None else format(b['median'], '.2f')} | {r['median']:.2f} |")
     return "\n".join(lines)
 
 

@@ -108,3 +108,23 @@ def test_worker_argv_drops_the_parent_options():
     bench = _load()
     argv = ["--code-root", "/old", "--repeats", "3", "--out=/tmp/x.json", "--before", "b.json", "--batches", "1"]
     assert bench._without_option(argv, ("--code-root", "--out", "--before")) == ["--repeats", "3", "--batches", "1"]
+
+
+def test_another_checkout_is_timed_in_a_worker(tmp_path):
+    """--code-root: a child process imports hf_dspark from that checkout's src/ (here: a link to this one's)."""
+    bench = _load()
+    root = tmp_path / "checkout"
+    root.mkdir()
+    (root / "src").symlink_to(SCRIPT.parents[1] / "src")
+    out = tmp_path / "before.json"
+    argv = ["--batches", "1", "--new-tokens", "12", "--gamma", "2", "--repeats", "1", "--code-root", str(root)]
+    assert bench.main([*argv, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["code"]["root"] == str(root.resolve()) and report["code"]["git_commit"] is None
+    assert {r["key"] for r in report["cases"] if r["error"] is None} == {
+        "plain@1",
+        "fixed@1",
+        "auto@1",
+        "auto-nodraft@1",
+        "stock@1",
+    }
