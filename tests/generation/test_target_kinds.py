@@ -251,3 +251,18 @@ def test_module_compile_runs_unpacked_and_matches_plain():
     assert linear_packs_for(target, None) is None
     reference, output = _both(target, drafter, max_new_tokens=8)
     assert torch.equal(reference, output)
+
+
+@pytest.mark.parametrize("policy", ["none", "fixed"])
+def test_engine_refuses_the_same_targets(policy):
+    from hf_dspark.generation.engine import DSparkEngine
+
+    target = make_target("llama", seed=21, attention_dropout=0.2)
+    drafter = make_drafter(target) if policy != "none" else None
+    target.train()
+    with pytest.raises(ValueError, match=r"target\.eval\(\)"):
+        DSparkEngine(target, drafter, policy=policy)
+    target.eval()
+    target.model = torch.ao.quantization.quantize_dynamic(target.model, {torch.nn.Linear}, dtype=torch.qint8)
+    with pytest.raises(ValueError, match=r"torch\.ao quantization"):
+        DSparkEngine(target, drafter, policy=policy)

@@ -46,6 +46,7 @@ from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundBatch, RoundKernel, RoundRecord
 from .state import bind_drafter
+from .target_checks import check_target
 
 if TYPE_CHECKING:
     from .drafting import DraftModel
@@ -176,6 +177,7 @@ class DSparkEngine:
             raise ValueError(f"max_records must be None (keep every round) or an int >= 0, got {max_records!r}.")
         check_sampling_settings(do_sample, temperature, top_k, top_p)  # as generate checks them
         eos = eos_token_ids(eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id)
+        check_target(target)  # quantized, offloaded or dropout-active targets, with every policy
         if policy != "none":
             bind_drafter(target, drafter)  # binds an unbound drafter; refuses one bound to another target
         if isinstance(policy, str) and policy != "none":
