@@ -174,3 +174,29 @@ def test_exports_propose_like_the_reference_implementation(tmp_path, qwen3_targe
     checked = list(_check_rows(proposal, out, qwen3_target, ids, mask, feats, loaded.config.first_draft_slot))
     for r, conf in checked:
         torch.testing.assert_close(proposal.confidence_logits[r], conf, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("anchor_first", [True, False])
+def test_vllm_exports_declare_bidirectional_blocks_and_causal_configs_are_caught(tmp_path, qwen3_target, anchor_first):
+    """vLLM picks causal or bidirectional block attention per draft layer (is_causal, then dflash_config.causal, then
+    sliding layer_types); the export says causal: false, and a folder that would run causal fails the contract."""
+    head = "markov" if anchor_first else "none"
+    out = export_drafter(_drafter(qwen3_target, head, anchor_first, None), tmp_path / "vllm", engine="vllm")
+    raw = json.loads((out / "config.json").read_text())
+    assert raw["dflash_config"]["causal"] is False and check_export(out, "vllm") == []
+    for edit, expected in (
+        (  # without the explicit key, sliding layers decide (the explicit causal: false would win)
+            {
+                "layer_types": ["sliding_attention"] * raw["num_hidden_layers"],
+                "dflash_config": {k: v for k, v in raw["dflash_config"].items() if k != "causal"},
+            },
+            "sliding_attention",
+        ),
+        ({"dflash_config": raw["dflash_config"] | {"causal": True}}, "dflash_config.causal is True"),
+        ({"is_causal": True}, "is_causal is True"),
+    ):
+        (out / "config.json").write_text(json.dumps(raw | edit))
+        assert any(expected in p for p in check_export(out, "vllm")), edit
+    (out / "config.json").write_text(json.dumps(raw | {"dflash_config": raw["dflash_config"] | {"causal": True}}))
+    with pytest.raises(ValueError, match=r"dflash_config\.causal=true; hf-dspark blocks attend bidirectionally"):
+        DSparkDrafter.from_pretrained(out, target=qwen3_target)

@@ -279,7 +279,7 @@ def test_export_never_replaces_a_folder_holding_its_input(tmp_path, qwen3_target
 def test_cli_export_checks_the_folder_before_loading_anything(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "config.json").write_text("{}")
-    with pytest.raises(FileExistsError, match="--overwrite"):  # the target path is never opened
+    with pytest.raises(SystemExit) as info:  # a usage error; the target path is never opened
         cli_main(
             [
                 "export",
@@ -290,6 +290,7 @@ def test_cli_export_checks_the_folder_before_loading_anything(tmp_path, capsys):
                 str(tmp_path / "out"),
             ]
         )
+    assert info.value.code == 2 and "--overwrite" in capsys.readouterr().err
     assert (tmp_path / "out" / "config.json").read_text() == "{}"
 
 

@@ -87,6 +87,8 @@ def _dspark_shape(raw: dict[str, Any], contract: EngineContract) -> tuple[dict[s
                  if _get(raw, k) is not None]
     if not is_dflash and raw.get("enable_confidence_head") and "confidence_head_with_markov" not in raw:
         problems.append("enable_confidence_head without confidence_head_with_markov (vLLM then assumes false)")
+    if contract.reads_causality:
+        problems += _causal_problems(raw)
     if arch and arch.endswith("DSparkModel") and not anchor_first:
         problems.append("a 1 + N drafter under a *DSparkModel architecture is served one position shifted")
     rank = 0 if is_dflash else int(raw.get("markov_rank") or 0)
@@ -100,6 +102,19 @@ def _dspark_shape(raw: dict[str, Any], contract: EngineContract) -> tuple[dict[s
         "confidence_markov": bool(raw.get("confidence_head_with_markov")), "dtype": raw.get("dtype"),
     }
     return shape, problems
+
+
+def _causal_problems(raw: dict[str, Any]) -> list[str]:
+    """Draft layers the engine would run with causal block attention (`is_causal`, then `dflash_config.causal`,
+    then `layer_types[i] == "sliding_attention"`); hf-dspark's blocks attend bidirectionally."""
+    nested = raw.get(NESTED) if isinstance(raw.get(NESTED), dict) else {}
+    for key, value in (("is_causal", raw.get("is_causal")), (f"{NESTED}.causal", nested.get("causal"))):
+        if value is not None:
+            return [] if value is False else [f"{key} is {value!r}: the engine would run causal block attention"]
+    sliding = [i for i, kind in enumerate(raw.get("layer_types") or []) if kind == "sliding_attention"]
+    if sliding:
+        return [f"layer_types marks draft layers {sliding} sliding_attention, which the engine runs causal"]
+    return []
 
 
 def _speculators_shape(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:

@@ -66,6 +66,8 @@ class EngineContract:
         needs_qk_norm: the engine's draft layers always apply per-head q/k RMSNorms.
         needs_mask_token_id: mask slots must be a vocabulary row (no learned mask embedding).
         embedding_tap: whether target layer id -1 (the embedding output) is read as such.
+        reads_causality: the engine decides per draft layer whether block attention is causal (`is_causal`, then
+            `dflash_config.causal`, then `layer_types[i] == "sliding_attention"`); the export says `causal: false`.
         increasing_taps: the engine requires strictly increasing target_layer_ids.
         gamma_from: where the engine takes γ from (what the launch must set).
         sidecars: what the engine does instead of reading calibration.json / step_curve.json.
@@ -91,6 +93,7 @@ class EngineContract:
     needs_qk_norm: bool = True
     needs_mask_token_id: bool = True
     embedding_tap: bool = True
+    reads_causality: bool = False
     increasing_taps: bool = False
     gamma_from: str = ""
     sidecars: str = ""
@@ -253,6 +256,7 @@ VLLM = register_engine_contract(EngineContract(
                    "head_dim", "draft_vocab_size"),
     head_types=("markov", "none"),
     draft_vocab=True,
+    reads_causality=True,
     gamma_from="the launch flag `num_speculative_tokens` (the config's block_size is not read for γ)",
     sidecars=_SIDECARS_VLLM,
 ))

@@ -53,8 +53,10 @@ def check_full_attention(raw: dict[str, Any], config_file: Path) -> None:
             f"{raw.get('use_sliding_window')}); hf-dspark drafter layers attend to the full context, so these "
             "weights would compute something else. Only full_attention drafters can be loaded."
         )
-    if raw.get("is_causal") is True:
-        raise ValueError(f"{config_file} sets is_causal=true; hf-dspark blocks attend bidirectionally.")
+    nested = raw.get("dflash_config") if isinstance(raw.get("dflash_config"), dict) else {}
+    for key, value in (("is_causal", raw.get("is_causal")), ("dflash_config.causal", nested.get("causal"))):
+        if value is True:
+            raise ValueError(f"{config_file} sets {key}=true; hf-dspark blocks attend bidirectionally.")
 
 
 def shape_fields(raw: dict[str, Any], config_file: Path, use_qk_norm: bool) -> dict[str, Any]:

@@ -87,8 +87,13 @@ def dspark_config(config: DSparkConfig, contract: EngineContract, dtype: torch.d
         raw["draft_vocab_size"] = config.num_draft_tokens
     if contract.nested_layout_keys:
         raw[NESTED] = {"target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id,
-                       **flags}
+                       **flags, **_causality(contract)}
     return raw | _sidecar_fields(config)
+
+
+def _causality(contract: EngineContract) -> dict[str, Any]:
+    """`dflash_config.causal: false` where the engine reads it: hf-dspark blocks attend bidirectionally."""
+    return {"causal": False} if contract.reads_causality else {}
 
 
 def dflash_config(config: DSparkConfig, contract: EngineContract, dtype: torch.dtype) -> dict[str, Any]:
@@ -101,7 +106,8 @@ def dflash_config(config: DSparkConfig, contract: EngineContract, dtype: torch.d
         "num_target_layers": config.num_target_layers,
         "block_size": config.num_block_slots,
         **flags,
-        NESTED: {"target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id, **flags},
+        NESTED: {"target_layer_ids": list(config.target_layer_ids), "mask_token_id": config.mask_token_id, **flags,
+                 **_causality(contract)},
     } | _sidecar_fields(config)
 
 
