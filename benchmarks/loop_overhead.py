@@ -39,6 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.generation.candidate_generator import CandidateGenerator
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT_LENGTHS = (16, 32)
@@ -78,28 +80,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=4, help="the oracle's block size γ (default 4).")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs of every case (default 7).")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, pinned for the run (default 1).")
-    parser.add_argument(
-        "--layers", type=int, default=4, help="layers of the tiny random Llama (default 4; at least 4)."
-    )
-    parser.add_argument(
-        "--code-root",
-        type=Path,
-        default=os.environ.get("LOOP_OVERHEAD_CODE_ROOT"),
-        help="time the hf-dspark of this checkout (its src/) instead of the installed one "
-        "(default: $LOOP_OVERHEAD_CODE_ROOT, else this repository's).",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="JSON report path (default: benchmarks/results/<processor kind>/loop_overhead.json).",
-    )
-    parser.add_argument(
-        "--before",
-        type=Path,
-        default=None,
-        help="an earlier report of this benchmark: also print a before/after table.",
-    )
+    # fmt: off
+    parser.add_argument("--layers", type=int, default=4, help="layers of the tiny random Llama (default 4; >= 4).")
+    parser.add_argument("--code-root", type=Path, default=os.environ.get("LOOP_OVERHEAD_CODE_ROOT"),
+                        help="time the hf-dspark of this checkout (its src/) instead of the installed one "
+                             "(default: $LOOP_OVERHEAD_CODE_ROOT, else this repository's).")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="JSON report path (default: benchmarks/results/<processor kind>/loop_overhead.json).")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="an earlier report of this benchmark: also print a before/after table.")
+    # fmt: on
     parser.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for name in ("new_tokens", "gamma", "repeats", "threads"):
@@ -120,21 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------- the model and the prompts
 def build_target(layers: int, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=96,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=None,
-        pad_token_id=0,
-    )
+    shape = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, vocab_size=96)
+    config = LlamaConfig(**shape, num_hidden_layers=layers, max_position_embeddings=512, eos_token_id=None)
     target = LlamaForCausalLM(config).eval()
     target.generation_config.eos_token_id = None
     target.generation_config.pad_token_id = 0
@@ -195,24 +173,12 @@ class Timeline:
             draft_s.append(inside)
         if not gaps:
             return {"rounds": 0}
-        return {
-            "rounds": len(gaps),
-            "overhead_s": statistics.fmean(gaps),
-            "forward_s": statistics.fmean(forward_s),
-            "drafter_s": statistics.fmean(draft_s),
-            "forwards": len(self.forwards),
-        }
+        return {"rounds": len(gaps), "overhead_s": statistics.fmean(gaps), "forward_s": statistics.fmean(forward_s),
+                "drafter_s": statistics.fmean(draft_s), "forwards": len(self.forwards)}  # fmt: skip
 
 
-class OracleCandidates:
+class OracleCandidates(CandidateGenerator):
     """A candidate generator for transformers' batch-1 assisted loop that returns the oracle's drafts."""
-
-    def __new__(cls, *args, **kwargs):
-        from transformers.generation.candidate_generator import CandidateGenerator
-
-        if not hasattr(cls, "_with_base"):
-            cls._with_base = type("OracleCandidates", (cls, CandidateGenerator), {})
-        return object.__new__(cls._with_base)
 
     def __init__(self, reference: torch.Tensor, gamma: int, max_length: int) -> None:
         self.reference, self.gamma, self.max_length = reference, gamma, max_length
@@ -333,14 +299,8 @@ def summarize(raw: dict, batches: list[int]) -> tuple[list[dict], list[dict]]:
     rows = []
     for key, entry in raw.items():
         runs = [r for r in entry["runs"] if r["rounds"]]
-        row = {
-            "key": key,
-            "case": entry["case"],
-            "batch": entry["batch"],
-            "repeats": len(runs),
-            "identical_to_plain": entry["identical"],
-            "error": entry["error"],
-        }
+        row = {"key": key, "case": entry["case"], "batch": entry["batch"], "repeats": len(runs),
+               "identical_to_plain": entry["identical"], "error": entry["error"]}  # fmt: skip
         if runs:
             row["rounds"] = statistics.median(r["rounds"] for r in runs)
             row["forwards"] = statistics.median(r["forwards"] for r in runs)
@@ -446,18 +406,10 @@ def main(argv: list[str] | None = None) -> int:
     code_root = Path(args.code_root).resolve() if foreign else ROOT
     commit, dirty = git_state(code_root)
     rows, ratios = summarize(measured["raw"], args.batches)
-    report = {
-        "benchmark": "loop_overhead",
-        "code": {"root": str(code_root), "git_commit": commit, "dirty": dirty},
-        "threads": measured["threads"],
-        "batches": args.batches,
-        "new_tokens": args.new_tokens,
-        "gamma": args.gamma,
-        "repeats": args.repeats,
-        "layers": args.layers,
-        "cases": rows,
-        "ratios": ratios,
-    }
+    report = {"benchmark": "loop_overhead", "code": {"root": str(code_root), "git_commit": commit, "dirty": dirty},
+              "threads": measured["threads"], "batches": args.batches, "new_tokens": args.new_tokens,
+              "gamma": args.gamma, "repeats": args.repeats, "layers": args.layers, "cases": rows,
+              "ratios": ratios}  # fmt: skip
     name = f"loop_overhead.{(commit or 'unknown')[:7]}.json" if foreign else "loop_overhead.json"
     out = args.out or ROOT / "benchmarks" / "results" / processor_kind() / name
     write_json_atomic(out, with_provenance(report))

@@ -30,69 +30,23 @@ from dataclasses import dataclass, field
 
 import torch
 
-ROPE_8K = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-LLAMA_3_2_1B = dict(
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=64,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-5,
-    rope_parameters={**ROPE_8K, "factor": 32.0},
-    bos_token_id=128000,
-    eos_token_id=None,
-    pad_token_id=128004,
-)
-LLAMA_3_1_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    vocab_size=128256,
-    max_position_embeddings=131072,
-    tie_word_embeddings=False,
-    rms_norm_eps=1e-5,
-    rope_parameters={**ROPE_8K, "factor": 8.0},
-    bos_token_id=128000,
-    eos_token_id=None,
-    pad_token_id=128004,
-)
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=96,
-    max_position_embeddings=512,
-    bos_token_id=1,
-    eos_token_id=None,
-    pad_token_id=0,
-)
+# fmt: off
+ROPE_8K = {"rope_type": "llama3", "rope_theta": 500000.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+           "original_max_position_embeddings": 8192}
+LLAMA_3_2_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072,
+                    tie_word_embeddings=True, rms_norm_eps=1e-5, rope_parameters={**ROPE_8K, "factor": 32.0},
+                    bos_token_id=128000, eos_token_id=None, pad_token_id=128004)
+LLAMA_3_1_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                    num_key_value_heads=8, head_dim=128, vocab_size=128256, max_position_embeddings=131072,
+                    tie_word_embeddings=False, rms_norm_eps=1e-5, rope_parameters={**ROPE_8K, "factor": 8.0},
+                    bos_token_id=128000, eos_token_id=None, pad_token_id=128004)
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=96, max_position_embeddings=512, bos_token_id=1, eos_token_id=None, pad_token_id=0)
 AB_SHAPES = {"llama-3.2-1b": LLAMA_3_2_1B, "llama-3.1-8b": LLAMA_3_1_8B, "tiny": TINY}
-METHODS = (
-    "plain",
-    "plain-static-compile",
-    "stock-oracle",
-    "stock-noisy",
-    "oracle-fixed",
-    "noisy-fixed",
-    "noisy-auto",
-    "untrained-fixed",
-    "oracle-fixed-static-compile",
-)
+METHODS = ("plain", "plain-static-compile", "stock-oracle", "stock-noisy", "oracle-fixed", "noisy-fixed",
+           "noisy-auto", "untrained-fixed", "oracle-fixed-static-compile")
+# fmt: on
 BATCH_ONE_ONLY = ("stock-oracle", "stock-noisy")
 
 
