@@ -256,7 +256,8 @@ def count_syncs(run: Callable[[], torch.Tensor], s: Setting, drafter) -> int:
     from hf_dspark.diagnostics import SyncCounter
 
     roots = [s.target, s.ids, s.mask, s.reference]
-    roots += [drafter] if isinstance(drafter, torch.nn.Module) else list(getattr(drafter, "reference", []) or [])
+    roots += [drafter] if isinstance(drafter, torch.nn.Module) else []
+    roots += list(getattr(drafter, "reference", None) or [])  # the oracle's references live on the device
     with SyncCounter(*roots) as counter:
         run()
     return counter.total
