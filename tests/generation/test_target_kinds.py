@@ -266,3 +266,33 @@ def test_engine_refuses_the_same_targets(policy):
     target.model = torch.ao.quantization.quantize_dynamic(target.model, {torch.nn.Linear}, dtype=torch.qint8)
     with pytest.raises(ValueError, match=r"torch\.ao quantization"):
         DSparkEngine(target, drafter, policy=policy)
+
+
+def test_lora_on_the_embedding_and_lm_head_matches_plain():
+    """The drafter shares the base embedding and head (drafts only); verification runs the adapted target."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=4, target_modules=["q_proj", "lm_head", "embed_tokens"], init_lora_weights=False)
+    model = get_peft_model(make_target("llama", seed=21), config).eval()
+    reference, output = _both(model, make_drafter(model))
+    assert torch.equal(reference, output)
+
+
+def test_mixed_adapter_batches_are_refused_before_any_work():
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    model = get_peft_model(make_target("llama", seed=21), config, adapter_name="a")
+    model.add_adapter("b", config)
+    model.eval()
+    drafter = make_drafter(model)
+    _no_forward(model.get_base_model())
+    with pytest.raises(ValueError, match=r"per-row adapter_names.*set_adapter"):
+        model.generate(
+            input_ids=IDS,
+            attention_mask=MASK,
+            max_new_tokens=4,
+            do_sample=False,
+            assistant_model=drafter,
+            adapter_names=["a", "b"],
+        )

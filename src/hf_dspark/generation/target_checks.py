@@ -11,6 +11,8 @@ and the fix:
   `disk_offload` leave them): the drafter reads those weights directly, outside the offloading hooks;
 - a target left in training mode with dropout active: its forwards are random, so neither plain `generate`
   nor DSpark's verification is reproducible, and they draw different masks;
+- PEFT per-row adapters (`generate(..., adapter_names=[...])`, aLoRA `alora_offsets`): PEFT hooks a list with
+  one entry per original batch row into every LoRA layer, while DSpark's forwards carry only the active rows;
 
 Targets that are supported as they are: PEFT adapters (unmerged, merged, switched, disabled), accelerate device
 maps with the embedding and LM head on a device (other layers may be offloaded), gradient checkpointing, bf16,
@@ -19,8 +21,12 @@ and a `torch.compile`d forward (run without packed weights, `packed_linear.unpac
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
+# Keywords PEFT binds into forward pre-hooks, one entry per batch row, for the length of a `generate` call.
+PER_ROW_HOOK_KEYWORDS = ("adapter_names", "alora_offsets")
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
 
 
@@ -60,6 +66,17 @@ def active_dropout(model: torch.nn.Module) -> str | None:
     return None
 
 
+def per_row_adapter_hook(model: torch.nn.Module) -> str | None:
+    """The PEFT per-row keyword (`adapter_names`, `alora_offsets`) hooked into `model`'s layers, or None."""
+    for module in model.modules():
+        for hook in module._forward_pre_hooks.values():
+            if isinstance(hook, partial):
+                found = next((key for key in PER_ROW_HOOK_KEYWORDS if key in hook.keywords), None)
+                if found is not None:
+                    return found
+    return None
+
+
 def check_target(model: torch.nn.Module) -> None:
     """Refuse a target DSpark cannot verify exactly as it is (module docstring); returns None when it can."""
     quantized = dynamically_quantized_layer(model)
@@ -78,6 +95,14 @@ def check_target(model: torch.nn.Module) -> None:
             "disk_offload), and the drafter reads the target's embedding and LM head weights directly. Keep them on "
             "a device: load with a device_map that puts 'model.embed_tokens' and 'lm_head' on 'cpu' or a GPU (the "
             "decoder layers may stay offloaded)."
+        )
+    per_row = per_row_adapter_hook(model)
+    if per_row is not None:
+        raise ValueError(
+            f"PEFT's per-row {per_row} are not supported with the DSpark assistant: PEFT applies one entry per row "
+            "of the original batch to every forward, while DSpark's verification forwards carry only the rows still "
+            "generating. Generate each adapter's rows in their own call (peft_model.set_adapter(name)), or drop "
+            "assistant_model for mixed-adapter batches."
         )
     dropout = active_dropout(model)
     if dropout is not None:
