@@ -296,3 +296,43 @@ def test_mixed_adapter_batches_are_refused_before_any_work():
             assistant_model=drafter,
             adapter_names=["a", "b"],
         )
+
+
+def _perturbed_peft(config):
+    from peft import get_peft_model
+
+    model = get_peft_model(make_target("llama", seed=21), config).eval()
+    with torch.no_grad():  # IA3 / LoHa / prompt tuning start close to the identity
+        for parameter in model.parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn_like(parameter) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["ia3", "loha"])
+def test_other_weight_adapters_match_plain(kind):
+    from peft import IA3Config, LoHaConfig, TaskType
+
+    if kind == "ia3":
+        config = IA3Config(
+            task_type=TaskType.CAUSAL_LM,
+            target_modules=["k_proj", "v_proj", "down_proj"],
+            feedforward_modules=["down_proj"],
+        )
+    else:
+        config = LoHaConfig(target_modules=["q_proj", "v_proj"], r=4)
+    model = _perturbed_peft(config)
+    reference, output = _both(model, make_drafter(model))
+    assert torch.equal(reference, output)
+
+
+def test_prompt_tuning_is_refused_before_any_work():
+    """PEFT prompt learning adds virtual tokens in prepare_inputs_for_generation, which the loop never calls:
+    DSpark used to return plain decoding without them."""
+    from peft import PromptTuningConfig, TaskType
+
+    model = _perturbed_peft(PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4))
+    drafter = make_drafter(model)
+    _no_forward(model.get_base_model())
+    with pytest.raises(ValueError, match=r"prepare_inputs_for_generation is replaced by PeftModelForCausalLM's"):
+        model.generate(input_ids=IDS, attention_mask=MASK, max_new_tokens=4, do_sample=False, assistant_model=drafter)

@@ -11,6 +11,8 @@ and the fix:
   `disk_offload` leave them): the drafter reads those weights directly, outside the offloading hooks;
 - a target left in training mode with dropout active: its forwards are random, so neither plain `generate`
   nor DSpark's verification is reproducible, and they draw different masks;
+- a `prepare_inputs_for_generation` replaced on the instance (PEFT prompt learning: prompt / prefix / P-tuning
+  prepend virtual tokens there): the loop prefills from `input_ids` and never calls it;
 - PEFT per-row adapters (`generate(..., adapter_names=[...])`, aLoRA `alora_offsets`): PEFT hooks a list with
   one entry per original batch row into every LoRA layer, while DSpark's forwards carry only the active rows;
 
@@ -77,6 +79,18 @@ def per_row_adapter_hook(model: torch.nn.Module) -> str | None:
     return None
 
 
+def replaced_input_preparation(model: torch.nn.Module) -> object | None:
+    """The object whose method replaced `model.prepare_inputs_for_generation` on the instance, or None (no
+    override, or the class's own method bound again, as PEFT restores it after a call)."""
+    override = vars(model).get("prepare_inputs_for_generation")
+    if override is None:
+        return None
+    own = getattr(type(model), "prepare_inputs_for_generation", None)
+    if getattr(override, "__func__", None) is own and getattr(override, "__self__", None) is model:
+        return None
+    return getattr(override, "__self__", override)
+
+
 def check_target(model: torch.nn.Module) -> None:
     """Refuse a target DSpark cannot verify exactly as it is (module docstring); returns None when it can."""
     quantized = dynamically_quantized_layer(model)
@@ -95,6 +109,14 @@ def check_target(model: torch.nn.Module) -> None:
             "disk_offload), and the drafter reads the target's embedding and LM head weights directly. Keep them on "
             "a device: load with a device_map that puts 'model.embed_tokens' and 'lm_head' on 'cpu' or a GPU (the "
             "decoder layers may stay offloaded)."
+        )
+    preparer = replaced_input_preparation(model)
+    if preparer is not None:
+        raise ValueError(
+            f"The target's prepare_inputs_for_generation is replaced by {type(preparer).__name__}'s (PEFT prompt "
+            "learning: prompt, prefix or P-tuning adds its virtual tokens there), which the DSpark loop never calls: "
+            "it prefills from input_ids, so the virtual tokens would be ignored. Use a LoRA-style adapter, or "
+            "generate without the DSpark assistant."
         )
     per_row = per_row_adapter_hook(model)
     if per_row is not None:
