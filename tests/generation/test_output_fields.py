@@ -55,6 +55,9 @@ def test_returned_cache_matches_plain_and_continues_like_it(targets, name):
     assert torch.equal(output.sequences, reference.sequences)
     assert (output.sequences[1:, -3:] == 0).all()  # rows 1 and 2 finished early
     assert len(output.scores) == len(reference.scores) == len(output.logits) == NEW
+    # finished rows included: plain reports the target's scores on the pad tokens it keeps feeding them
+    for ours, theirs in zip(output.scores + output.logits, reference.scores + reference.logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
     assert type(output.cache) is type(reference.cache)
     assert output.cache.get_seq_length() == reference.cache.get_seq_length() == output.sequences.shape[1] - 1
     for ours, theirs in zip(output.cache.layers, reference.cache.layers):
@@ -122,3 +125,33 @@ def test_prompt_cache_call_returns_the_full_cache(targets):
     assert torch.equal(output.sequences, reference.sequences)
     assert output.cache.get_seq_length() == reference.cache.get_seq_length() == output.sequences.shape[1] - 1
     assert torch.equal(_continue(target, output, mask, new=6), _continue(target, reference, mask, new=6))
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_finished_rows_scores_are_plains_processed_pad_scores(targets, use_cache):
+    """After a row stops, plain keeps feeding it pad tokens and reports the target's processed scores on them;
+    DSpark reports the same (it used to report a one-hot pad distribution)."""
+    target = targets["llama"]
+    ids, mask = ragged_prompts(3, seed=5)
+    first = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    eos = [int(first[1, ids.shape[1] + 2]), int(first[2, ids.shape[1] + 4])]
+    kwargs = dict(
+        max_new_tokens=NEW,
+        do_sample=False,
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        eos_token_id=eos,
+        pad_token_id=0,
+        repetition_penalty=1.4,
+        no_repeat_ngram_size=2,
+        use_cache=use_cache,
+    )
+    reference = target.generate(ids, attention_mask=mask, **kwargs)
+    output = target.generate(ids, attention_mask=mask, assistant_model=make_drafter(target), **kwargs)
+    assert torch.equal(output.sequences, reference.sequences)
+    generated = output.sequences[:, ids.shape[1] : -3]
+    assert bool(torch.isin(generated, torch.tensor(eos)).any())  # a row stopped 3 or more steps before the end
+    assert (output.cache is None) == (not use_cache)
+    for ours, theirs in zip(output.scores + output.logits, reference.scores + reference.logits):
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)

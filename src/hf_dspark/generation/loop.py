@@ -16,10 +16,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import logging
 
-from .output_cache import rebuild_output_cache
+from .output_cache import dict_output
 from .packed_linear import linear_packs_for
 from .policy import policy_from_config
 from .prefill import prefill_target
@@ -125,13 +124,8 @@ class DSparkLoop:
         sequences = self.rows.sequences()
         if not self.config.return_dict_in_generate:
             return sequences
-        return GenerateDecoderOnlyOutput(
-            sequences=sequences,
-            scores=self.rows.step_scores("scores") if self.config.output_scores else None,
-            logits=self.rows.step_scores("logits") if self.config.output_logits else None,
-            cache=rebuild_output_cache(self.model, sequences, self.model_kwargs.get("attention_mask"))
-            if self.config.use_cache is not False else None,
-        )
+        return dict_output(self.model, self.config, self.rows, self.processors, sequences,
+                           self.model_kwargs.get("attention_mask"))
 
 
 def dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
