@@ -109,22 +109,21 @@ def test_a_target_moved_to_bfloat16_after_binding_rebinds_the_drafter(caplog):
     assert torch.equal(output, target.generate(ids, **options))
 
 
-@pytest.mark.parametrize(
-    ("option", "message"),
-    [
-        (dict(cache_implementation="static"), r"cache_implementation='static'.*dynamic cache.*Drop"),
-        (dict(compile_config="compile"), r"compile_config is not supported.*Drop compile_config"),
-    ],
-)
-def test_static_cache_and_compile_config_are_refused_not_replaced(no_work, option, message):
-    from transformers import CompileConfig
-
-    if "compile_config" in option:
-        option = dict(compile_config=CompileConfig())
+def test_offloaded_static_cache_is_refused_not_replaced(no_work):
     target = make_target("llama", seed=3)
     ids, mask = ragged_prompts(2, seed=5)
-    with pytest.raises(ValueError, match=message):
-        target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=make_drafter(target), **option)
+    with pytest.raises(ValueError, match=r"cache_implementation='offloaded_static'.*cache_implementation='static'"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=make_drafter(target),
+                        cache_implementation="offloaded_static")
+
+
+def test_flex_attention_target_is_refused(no_work):
+    target = make_target("llama", seed=3)
+    drafter = make_drafter(target)
+    target.config._attn_implementation = "flex_attention"  # only the name is read
+    ids, mask = ragged_prompts(2, seed=5)
+    with pytest.raises(ValueError, match=r"flex_attention.*BlockMask.*attn_implementation='sdpa'"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=drafter)
 
 
 def test_flash_attention_target_is_refused(no_work):

@@ -7,8 +7,8 @@ Each check runs before any forward pass, profiling or cache work, and names the 
 - RoPE scalings whose frequencies depend on the longest position of a forward (`dynamic` NTK, `longrope`), when
   the call can reach their threshold: a verification forward carries draft slots past the committed tokens, so
   it would cross the threshold at other steps than plain decoding and change every logit from there;
-- a static cache, `compile_config` or a flash-attention target: fast paths the loop cannot use, refused rather
-  than silently replaced;
+- an offloaded static cache, a flash- or flex-attention target: fast paths the loop cannot use, refused rather
+  than silently replaced (`cache_implementation="static"` and `compile_config` take the static path);
 - a target moved to another dtype or device after the drafter was bound: the drafter is re-bound (it follows the
   target, as binding made it do), instead of failing deep inside the loop on a dtype mismatch.
 """
@@ -47,33 +47,35 @@ def check_decoding_method(generation_config) -> None:
         )
 
 
-# Cache layouts DSpark would have to replace by a dynamic cache (its ragged verification writes past each row's
-# committed length and rolls rejected slots back, which a preallocated static cache does not support).
-STATIC_CACHES = ("static", "offloaded_static")
+# Static caches DSpark cannot honour: "offloaded_static" moves each layer to the CPU between forwards, which its
+# preallocated per-row buffers (`static_cache.StaticTargetCache`) do not implement. "static" is honoured.
+STATIC_CACHES = ("offloaded_static",)
 
 
 def check_fast_paths(model, generation_config) -> None:
-    """Refuse the GPU fast paths the loop cannot honour, instead of silently running without them: a static cache
-    (`cache_implementation`), `compile_config`, and flash-attention kernels (the ragged layout has holes)."""
+    """Refuse the fast paths the loop cannot honour, instead of silently running without them: an offloaded static
+    cache, flash-attention kernels (varlen arguments are not passed) and flex attention (no BlockMask is built).
+    `cache_implementation="static"` and `compile_config` take the static path (`static_cache`)."""
     implementation = getattr(generation_config, "cache_implementation", None)
     if implementation in STATIC_CACHES:
         raise ValueError(
-            f"cache_implementation={implementation!r} is not supported with the DSpark assistant: each verification "
-            "round writes a different number of slots per row and rolls rejected ones back, so the loop keeps a "
-            "dynamic cache and would silently drop the static one. Drop cache_implementation (or pass 'dynamic')."
-        )
-    if getattr(generation_config, "compile_config", None) is not None:
-        raise ValueError(
-            "compile_config is not supported with the DSpark assistant: its verification forwards change shape "
-            "every round, so the compiled graph would not be used. Drop compile_config (plain generate compiles "
-            "only with a static cache, which DSpark does not use either)."
+            f"cache_implementation={implementation!r} is not supported with the DSpark assistant: its preallocated "
+            "per-row verification buffers stay on the target's device. Pass cache_implementation='static' (the "
+            "static-shape verification path) or drop it."
         )
     attention = getattr(model.config, "_attn_implementation", None) or ""
     if "flash" in attention:
         raise ValueError(
-            f"attn_implementation={attention!r} is not supported with the DSpark assistant: its ragged verification "
-            "batches carry holes that a padding-free flash kernel would have to unpad in every layer (or read "
-            "wrongly). Load the target with attn_implementation='sdpa' (or 'eager')."
+            f"attn_implementation={attention!r} is not supported with the DSpark assistant: its verification batches "
+            "carry per-row masks (left padding, ragged lengths) that a padding-free flash kernel would unpad in every "
+            "layer with host syncs, and DSpark passes no varlen arguments. Load the target with "
+            "attn_implementation='sdpa' (or 'eager')."
+        )
+    if "flex" in attention:
+        raise ValueError(
+            f"attn_implementation={attention!r} is not supported with the DSpark assistant: its verification forwards "
+            "pass 4D boolean masks, not the BlockMask flex attention needs. Load the target with "
+            "attn_implementation='sdpa' (or 'eager')."
         )
 
 

@@ -25,6 +25,7 @@ from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundKernel
 from .state import RowState, validate_call
+from .static_cache import static_plan
 from .stats import DSparkGenerationStats, remember_stats
 from .streaming import CommitStreamer
 
@@ -74,7 +75,8 @@ class DSparkLoop:
     def prefill(self) -> None:
         kwargs = self.model_kwargs
         out = prefill_target(self.model, self.input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"),
-                             kwargs.get("cache"), self.kernel.taps)  # only the tokens a given cache does not hold yet
+                             kwargs.get("cache"), self.kernel.taps,  # only the tokens a given cache does not hold yet
+                             static=static_plan(self.model, self.config, self.drafter.config.block_size))
         valid = out.valid
         self.stats.prefill_tokens = int(valid.sum())
         raw = out.logits

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from .static_cache import StaticPlan, StaticTargetCache
 from .target_cache import RaggedTargetCache, attention_layout, new_target_cache
 
 
@@ -27,7 +28,7 @@ class PrefillOutput:
     logits: torch.Tensor
     features: torch.Tensor | None
     valid: torch.Tensor
-    target: RaggedTargetCache
+    target: RaggedTargetCache | StaticTargetCache
 
 
 def _usable(cache) -> bool:
@@ -46,11 +47,14 @@ def _taps(out, tap_indices: list[int]) -> torch.Tensor | None:
 
 
 def prefill_target(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                   position_ids: torch.Tensor | None, cache, tap_indices: list[int]) -> PrefillOutput:
+                   position_ids: torch.Tensor | None, cache, tap_indices: list[int],
+                   static: StaticPlan | None = None) -> PrefillOutput:
     """Run the target over the prompt (the part `cache` does not hold yet) and build the ragged target cache.
 
     input_ids / attention_mask / position_ids: `[B, L]` as `generate` prepared them (mask and positions may be
-    None); cache: the caller's cache or None; tap_indices: hidden-state indices to return (may be empty).
+    None); cache: the caller's cache or None; tap_indices: hidden-state indices to return (may be empty);
+    static: the static path's plan (`static_cache.static_plan`): the prefilled cache is copied into preallocated
+    buffers.
     Raises `ValueError` when the cache already holds every prompt token, or when there are no input_ids.
     """
     layout = attention_layout(model)
@@ -89,4 +93,6 @@ def prefill_target(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
         features = torch.cat([prefix_features, features], dim=1)
     valid = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     target = RaggedTargetCache(out.cache, valid, valid.sum(dim=1), layout=layout, positions=positions)
+    if static is not None:
+        target = StaticTargetCache(target, static)
     return PrefillOutput(out.logits[:, -1].float(), features, valid, target)
