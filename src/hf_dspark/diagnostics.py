@@ -173,8 +173,10 @@ class SyncCounter(TorchDispatchMode):
             return out
         if device_in and any(t.dim() > 0 and not self.on_device(t) for t in flat):
             self._record("mixed", name)
-        for tensor in tree_flatten(out)[0]:  # made inside an op (no tensor inputs): on the device
-            self._set(tensor, bool(device_in) or not flat)
+        for tensor in tree_flatten(out)[0]:  # made inside an op (no tensor inputs): on the device, except
+            # 0-dim ones (Python scalars wrapped by an op such as `torch.where(cond, 0.5, 1.0)`: CUDA scalars)
+            made_here = not flat and not (isinstance(tensor, torch.Tensor) and tensor.dim() == 0)
+            self._set(tensor, bool(device_in) or made_here)
         return out
 
     def _count_reads(self, name: str, args, kwargs, flat: list[torch.Tensor]) -> None:

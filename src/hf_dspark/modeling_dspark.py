@@ -233,26 +233,28 @@ class DSparkDrafter(DSparkPreTrainedModel):
         )
 
     @torch.no_grad()
-    def extend_context(self, cache: DSparkDraftCache, target_hidden: torch.Tensor, valid: torch.Tensor) -> None:
+    def extend_context(self, cache: DSparkDraftCache, target_hidden: torch.Tensor, valid: torch.Tensor,
+                       counts: list[int] | None = None) -> None:
         """Append newly committed tokens' context features to each row's cache.
 
         target_hidden: `[R, n, n_taps·d]` concatenated tapped-layer outputs; valid: bool `[R, n]` marking which
-        entries are real committed tokens of that row, in order (padding anywhere is skipped).
+        entries are real committed tokens of that row, in order (padding anywhere is skipped); counts: each row's
+        number of valid entries as host ints, when the caller knows them (None: read from `valid`, one sync).
         """
-        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
-        hidden = target_hidden.gather(1, order[..., None].expand_as(target_hidden))
-        counts = valid.sum(dim=1)
-        n = int(counts.max().item()) if counts.numel() else 0
+        if counts is None:
+            counts = valid.sum(dim=1).tolist()
+        n = max(counts, default=0)
         if n == 0:
             return
-        hidden = hidden[:, :n]
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
+        hidden = target_hidden.gather(1, order[..., None].expand_as(target_hidden))[:, :n]
         cache.reserve(n)
         ctx = self.project_context(hidden)
         cos, sin = self.rotary(cache.positions_for(n), ctx.dtype)
         for i, layer in enumerate(self.layers):
             keys, values = layer.self_attn.project_kv(ctx, cos, sin)
             cache.write(i, keys, values)
-        cache.advance(counts)
+        cache.advance(valid.sum(dim=1), counts)
 
     # ------------------------------------------------------------------ block forward
     def _block_inputs(self, anchor_ids: torch.Tensor) -> torch.Tensor:
@@ -295,7 +297,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
     # ------------------------------------------------------------------ proposal (Eqs. 4-7)
     def confidence_temperatures(self, greedy: bool, device) -> torch.Tensor:
-        return torch.tensor(self.config.temperatures_for(greedy), device=device, dtype=torch.float32)
+        """The STS temperatures `[γ]` of this decoding mode on `device`, uploaded once per (values, device)."""
+        values = tuple(self.config.temperatures_for(greedy))
+        key = (values, str(device))
+        cached = self.__dict__.setdefault("_temperature_tensors", {})
+        if key not in cached:
+            cached[key] = torch.tensor(values, device=device, dtype=torch.float32)
+        return cached[key]
 
     @torch.no_grad()
     def propose(

@@ -74,9 +74,14 @@ class StepCurve:
             self.threads = int(self.threads)
 
     def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (device, tuple(self.batch_tokens), tuple(self.steps_per_second))
-        if key not in self._tables:
+        """The curve as float64 tensors on `device`: uploaded once per device (host and accelerator tables are
+        kept side by side; a changed curve drops them)."""
+        device = "cpu" if torch.device(device).type == "cpu" else device  # the host's tables stay host tensors
+        values = (tuple(self.batch_tokens), tuple(self.steps_per_second))
+        if any(k[1:] != values for k in self._tables):
             self._tables.clear()
+        key = (str(device), *values)
+        if key not in self._tables:
             self._tables[key] = (
                 torch.tensor(self.batch_tokens, dtype=torch.float64, device=device),
                 torch.tensor(self.steps_per_second, dtype=torch.float64, device=device),

@@ -24,6 +24,7 @@ The curves are corrected by what earlier rounds measured (`cost_correction.CostC
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -128,11 +129,14 @@ class CostAwarePlanner:
         memory = self.tracker.memory
         memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
 
-    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None) -> DraftPlan:
-        """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify; `draft_costs`
-        `[R]`: each row's share of the draft curve's per-row cost (None: 1 each; see `draft_or_decode`)."""
+    def plan(self, rows: list[Any], cap: Sequence[int] | torch.Tensor, draft_costs: torch.Tensor | None = None
+             ) -> DraftPlan:
+        """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify (host ints; a
+        device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
+        1 each; see `draft_or_decode`)."""
         count, gamma = len(rows), self.tracker.block_size
-        cap = cap.detach().cpu().clamp(0, gamma)
+        cap = cap.detach().cpu() if isinstance(cap, torch.Tensor) else torch.tensor(list(cap), dtype=torch.long)
+        cap = cap.clamp(0, gamma)
         shares = None if draft_costs is None else draft_costs.detach().cpu().to(torch.float64).clamp(0.0, 1.0)
         costs = self.corrected_costs(count)
         chosen, length = self._decide(rows, cap, costs, shares)

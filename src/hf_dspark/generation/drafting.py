@@ -5,7 +5,9 @@ A drafter is anything with a `config` (`block_size` γ, `vocab_size`, `target_la
 - `init_cache(batch_size)`: an empty per-row context cache (it must offer `select_rows(index)` and a static
   `concat(caches)`, like `DSparkDraftCache`);
 - `extend_context(cache, features, valid)`: append the committed tokens' tapped target features `[R, n, ·]`
-  (`valid` `[R, n]` marks real entries; `features` is None when the drafter taps no layer);
+  (`valid` `[R, n]` marks real entries; `features` is None when the drafter taps no layer). A drafter whose
+  `extend_context` also takes `counts` (each row's valid entries as host ints) gets them from the round kernel,
+  which knows them from its one download per round, and need not read `valid` back from the device;
 - `propose(anchor_ids, cache, *, do_sample, logits_processor, row_ids, histories)` -> a `DSparkProposal`.
 
 `DSparkDrafter` satisfies it; so do the oracle and prompt-lookup drafters of `hf_dspark.eval`, which are plain
@@ -17,6 +19,7 @@ the policy plans; a hybrid's lookup rows pay ≈ 0; it may read only the committ
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -53,6 +56,23 @@ def feature_layers(drafter: DraftModel) -> list[int]:
     return [i + 1 for i in (getattr(drafter.config, "target_layer_ids", None) or [])]
 
 
+def takes_host_counts(drafter: DraftModel) -> bool:
+    """Whether `drafter.extend_context` accepts `counts` (host ints per row; see the module docstring)."""
+    try:
+        return "counts" in inspect.signature(drafter.extend_context).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def extend_drafter_context(drafter: DraftModel, cache: Any, features: torch.Tensor | None, valid: torch.Tensor,
+                           counts: Sequence[int] | None, takes_counts: bool) -> None:
+    """`drafter.extend_context`, with the host `counts` when the drafter takes them (`takes_host_counts`)."""
+    if takes_counts and counts is not None:
+        drafter.extend_context(cache, features, valid, counts=list(counts))
+    else:
+        drafter.extend_context(cache, features, valid)
+
+
 @dataclass
 class DraftProcessing:
     """The `logits_processor(k, drafts_so_far, logits)` that gives drafts the target's processing on the same
@@ -87,23 +107,26 @@ def draft_logits_processor(
 
 @dataclass
 class ContextLengths:
-    """The context cache of a model-free drafter: only each row's committed-token count `[R]`."""
+    """The context cache of a model-free drafter: only each row's committed-token count `[R]`, on the host."""
 
     lengths: torch.Tensor
 
     @classmethod
     def empty(cls, batch_size: int, device: torch.device | str = "cpu") -> ContextLengths:
-        return cls(torch.zeros(batch_size, dtype=torch.long, device=device))
+        return cls(torch.zeros(batch_size, dtype=torch.long, device="cpu"))
 
     @property
     def batch_size(self) -> int:
         return int(self.lengths.shape[0])
 
-    def advance(self, counts: torch.Tensor) -> None:
-        self.lengths = self.lengths + counts.to(self.lengths)
+    def advance(self, counts: torch.Tensor | Sequence[int]) -> None:
+        if not isinstance(counts, torch.Tensor):
+            counts = torch.tensor(list(counts), dtype=torch.long)
+        self.lengths = self.lengths + counts.to("cpu")
 
     def select_rows(self, rows: torch.Tensor) -> ContextLengths:
-        return ContextLengths(self.lengths.index_select(0, rows.to(self.lengths.device)))
+        """Rows `rows` (best a host index; a device one is read back once)."""
+        return ContextLengths(self.lengths.index_select(0, rows.to("cpu")))
 
     @staticmethod
     def concat(caches: list[ContextLengths]) -> ContextLengths:
@@ -128,8 +151,11 @@ class ModelFreeDrafter:
     def init_cache(self, batch_size: int, capacity: int | None = None) -> ContextLengths:
         return ContextLengths.empty(batch_size)
 
-    def extend_context(self, cache: ContextLengths, target_hidden: torch.Tensor | None, valid: torch.Tensor) -> None:
-        cache.advance(valid.sum(dim=1).cpu())
+    def extend_context(self, cache: ContextLengths, target_hidden: torch.Tensor | None, valid: torch.Tensor,
+                       counts: Sequence[int] | None = None) -> None:
+        """Count the committed tokens: `counts` host ints per row when the caller knows them, else `valid`'s."""
+        host = valid.sum(dim=1).to("cpu") if counts is None else torch.tensor(list(counts), dtype=torch.long)
+        cache.advance(host)
 
     @property
     def last_generation_stats(self):
@@ -139,5 +165,9 @@ class ModelFreeDrafter:
         return last_generation_stats(self)
 
     def one_hot(self, drafts: torch.Tensor, wanted: bool) -> torch.Tensor | None:
-        """One-hot draft distributions `[R, γ, V]` when `wanted` (sampling), else None."""
-        return torch.nn.functional.one_hot(drafts, self.config.vocab_size).float() if wanted else None
+        """One-hot draft distributions `[R, γ, V]` when `wanted` (sampling), else None (a scatter: no range check
+        that would read the drafts back)."""
+        if not wanted:
+            return None
+        probs = torch.zeros(*drafts.shape, self.config.vocab_size, dtype=torch.float32, device=drafts.device)
+        return probs.scatter_(-1, drafts[..., None], 1.0)

@@ -376,7 +376,7 @@ class DSparkEngine:
     def _round(self, start: float) -> list[tuple[int, list[int]]]:
         batch = self.batch
         requests = [self.requests[r] for r in batch.rows]
-        left = torch.tensor([r.max_new_tokens - len(r.generated) for r in requests], device=batch.anchor.device)
+        left = [r.max_new_tokens - len(r.generated) for r in requests]  # host ints
         histories = [r.history for r in requests]
         events: list[tuple[int, list[int]]] = []
 
@@ -385,7 +385,7 @@ class DSparkEngine:
             events.append((batch.rows[a], kept))
             return len(kept)
 
-        record: RoundRecord = self.kernel.step(batch, histories, left - 1, commit)
+        record: RoundRecord = self.kernel.step(batch, histories, [n - 1 for n in left], commit)
         self.records.append(EngineRoundRecord(len(record.rows), record.verify_len, record.committed,
                                               time.perf_counter() - start, record.drafted, record.policy_seconds))
         return events

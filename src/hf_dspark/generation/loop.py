@@ -93,7 +93,7 @@ class DSparkLoop:
     def step(self) -> None:
         rows = self.batch.rows
         histories = [self.rows.history(r) for r in rows]
-        cap = torch.tensor([self.rows.remaining(r) - 1 for r in rows], device=self.batch.anchor.device)
+        cap = [self.rows.remaining(r) - 1 for r in rows]  # host ints: budgets never visit the device
 
         def commit(a: int, tokens: list[int], scores: torch.Tensor, logits: torch.Tensor) -> int:
             return self.rows.commit(rows[a], tokens, scores, logits)

@@ -44,6 +44,7 @@ from ..scheduling.registry import canonical_policy_name, get_policy
 from ..step_curve import StepCurve
 from .acceptance import heldout_acceptance
 from .options import DSparkGenerationOptions, validate_dspark_options
+from .transfer import HOST
 
 if TYPE_CHECKING:
     from ..modeling_outputs import DSparkProposal
@@ -91,6 +92,8 @@ class VerificationPolicy:
     memory: Any = field(default=None, repr=False)
     last_schedule: ScheduleRecord = field(default_factory=ScheduleRecord, repr=False)
     rule: Any = field(default=None, repr=False)
+    _survival: torch.Tensor | None = field(default=None, repr=False)
+    _verify_len: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
@@ -124,10 +127,11 @@ class VerificationPolicy:
         """`"auto"`'s `CostAwarePlanner` (None for the other policies)."""
         return getattr(self.rule, "planner", None)
 
-    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None):
-        """Which of the active `rows` (ids) draft this round; uses earlier rounds only. Default: all of them.
-        `draft_costs` `[A]`: each row's share of the drafter's per-row cost (`DraftModel.row_draft_costs`; passed on
-        only when given, so a policy whose `plan` takes (rows, cap) keeps working)."""
+    def plan(self, rows: list[Any], cap, draft_costs: torch.Tensor | None = None):
+        """Which of the active `rows` (ids) draft this round (cap: host ints per row); uses earlier rounds only.
+        Default: all of them. `draft_costs` `[A]`: each row's share of the drafter's per-row cost
+        (`DraftModel.row_draft_costs`; passed on only when given, so a policy whose `plan` takes (rows, cap) keeps
+        working)."""
         return self.rule.plan(rows, cap) if draft_costs is None else self.rule.plan(rows, cap, draft_costs)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
@@ -142,24 +146,36 @@ class VerificationPolicy:
         """Rows (ids) that left the batch."""
         self.rule.forget(rows)
 
-    def __call__(self, proposal: DSparkProposal, cap: torch.Tensor) -> torch.Tensor:
+    def __call__(self, proposal: DSparkProposal, cap) -> torch.Tensor:
+        """ℓ `[R]` as a host LongTensor, clipped to `cap` (host ints, or a tensor: read once). A rule whose ℓ does
+        not depend on this round's confidences (`fixed`, `auto`) builds it on the host; the others compute it on
+        the device and it is read here, once (the target forward's width depends on max ℓ)."""
         rows = proposal.draft_ids.shape[0]
-        device = proposal.draft_ids.device
         survival = prefix_survival(proposal.confidence) if proposal.confidence is not None else None
-        chosen = self.rule.lengths(survival, rows, device)
-        verify_len = torch.minimum(chosen, cap.clamp_min(0))
-        self.last_schedule = self._expectation(survival, verify_len)
-        return verify_len
+        chosen = self.rule.lengths(survival, rows, HOST)
+        caps = cap.tolist() if isinstance(cap, torch.Tensor) else list(cap)
+        verify_len = [min(int(length), max(int(c), 0)) for length, c in zip(chosen.tolist(), caps)]
+        self._survival, self._verify_len = survival, verify_len
+        return torch.tensor(verify_len, dtype=torch.long)
 
-    def _expectation(self, survival: torch.Tensor | None, verify_len: torch.Tensor) -> ScheduleRecord:
-        """τ̂ and Θ̂ of the admitted candidates (`scheduling.expectation`; one host sync)."""
-        if survival is None:
-            return ScheduleRecord()
-        tau = float(expected_tokens(survival, verify_len))
-        if self.step_curve is None:
-            return ScheduleRecord(tau, None)
-        batch_tokens = int(verify_len.numel() + verify_len.sum())
-        return ScheduleRecord(tau, tau * self.step_curve.steps_per_second_at(batch_tokens))
+    def expected_tokens_tensor(self, verify_len: torch.Tensor) -> torch.Tensor | None:
+        """τ̂ of the last decision as a device scalar (no read; `scheduling.expectation`), None without
+        confidences. verify_len: that decision's ℓ `[R]` on the survivals' device."""
+        if self._survival is None:
+            return None
+        return expected_tokens(self._survival, verify_len)
+
+    def schedule(self, tau: float | None) -> ScheduleRecord:
+        """`last_schedule` from the last decision's τ̂ (read back with the round's copy): Θ̂ = τ̂·SPS(B) on the
+        host, B = Σ_r (1 + ℓ_r)."""
+        if tau is None:
+            self.last_schedule = ScheduleRecord()
+        elif self.step_curve is None:
+            self.last_schedule = ScheduleRecord(tau, None)
+        else:
+            batch_tokens = len(self._verify_len) + sum(self._verify_len)
+            self.last_schedule = ScheduleRecord(tau, tau * float(self.step_curve.steps_per_second_at(batch_tokens)))
+        return self.last_schedule
 
 
 def policy_from_config(generation_config, block_size: int, target=None, drafter=None) -> VerificationPolicy:

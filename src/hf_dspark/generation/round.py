@@ -8,6 +8,11 @@ that do not draft only queue their features (`RoundBatch.pending`); the queue re
 rounds pays one drafter context update instead of one per round, and the drafter sees the same context (up to
 floating-point rounding: one batched projection instead of several).
 Observers (`RoundObserver.on_round`) receive a `RoundRecord` per round; nothing is written onto the drafter.
+
+Host and device: budgets, ℓ_r, keep lists and histories' bookkeeping are host ints. What the host needs from the
+device (accepted counts, next tokens, drafts, τ̂) comes down in one packed copy per round (`transfer.download`);
+host decisions go up without blocking (`transfer.upload`). A policy whose ℓ depends on this round's confidences
+reads them once before the target forward (its shape depends on max ℓ); `fixed` and `auto` need no such read.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ import torch
 
 from ..verification import VerificationResult, verify_greedy, verify_sampling
 from .cost_policy import DraftPlan
-from .drafting import draft_logits_processor, feature_layers
+from .drafting import draft_logits_processor, extend_drafter_context, feature_layers, takes_host_counts
 from .packed_linear import PackedLinears
 from .policy import ScheduleRecord, VerificationPolicy
 from .processors import RowProcessors
 from .target_cache import RaggedTargetCache
+from .transfer import bits_float, download, float_bits, upload
 
 # (active index a, tokens to commit, processed scores [n, V], raw logits [n, V]) -> how many were kept
 CommitFn = Callable[[int, list[int], torch.Tensor, torch.Tensor], int]
@@ -65,25 +71,28 @@ class RoundObserver(Protocol):
 class RoundBatch:
     """The running rows' state between rounds: ids, anchors `[A]`, the ragged target cache and the draft cache.
 
-    pending: context updates not yet given to the drafter, in order: (features `[A, n, ·]` or None, valid `[A, n]`).
+    pending: context updates not yet given to the drafter, in order: (features `[A, n, ·]` or None, valid `[A, n]`,
+    each row's valid count as host ints).
     """
 
     rows: list[Any]
     anchor: torch.Tensor
     target_cache: RaggedTargetCache
     draft_cache: Any | None = None
-    pending: list[tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=list)
+    pending: list[tuple[torch.Tensor | None, torch.Tensor, list[int]]] = field(default_factory=list)
 
     def keep(self, keep: Sequence[int]) -> None:
-        """Keep the active positions `keep` (finished rows leave)."""
-        index = torch.tensor(list(keep), dtype=torch.long, device=self.anchor.device)
+        """Keep the active positions `keep` (finished rows leave): one upload of the host index."""
+        keep = list(keep)
+        host_index = torch.tensor(keep, dtype=torch.long)
+        index = upload(keep, self.anchor.device)
         self.rows = [self.rows[a] for a in keep]
         self.anchor = self.anchor.index_select(0, index)
         self.target_cache.select_rows(index)
         if self.draft_cache is not None:
-            self.draft_cache = self.draft_cache.select_rows(index)
-        self.pending = [(None if f is None else f.index_select(0, index), v.index_select(0, index))
-                        for f, v in self.pending]
+            self.draft_cache = self.draft_cache.select_rows(host_index)
+        self.pending = [(None if f is None else f.index_select(0, index.to(f.device)), v.index_select(0, index),
+                         [c[a] for a in keep]) for f, v, c in self.pending]
 
     def extend(self, other: RoundBatch) -> None:
         """Append the rows of `other` (newly admitted requests); queued updates get invalid slots for them."""
@@ -96,27 +105,48 @@ class RoundBatch:
             self.draft_cache = type(self.draft_cache).concat([self.draft_cache, other.draft_cache])
         added = len(other.rows)
         self.pending = [(None if f is None else torch.cat([f, f.new_zeros(added, *f.shape[1:])]),
-                         torch.cat([v, v.new_zeros(added, v.shape[1])])) for f, v in self.pending]
+                         torch.cat([v, v.new_zeros(added, v.shape[1])]), c + [0] * added) for f, v, c in self.pending]
 
     def pending_slots(self) -> int:
-        return sum(int(v.shape[1]) for _, v in self.pending)
+        return sum(int(v.shape[1]) for _, v, _ in self.pending)
 
-    def flush(self, drafter) -> None:
-        """Give the queued context updates to `drafter` in one `extend_context` call (padding is skipped)."""
+    def flush(self, drafter, takes_counts: bool | None = None) -> None:
+        """Give the queued context updates to `drafter` in one `extend_context` call (padding is skipped), with
+        the host counts when it takes them (`drafting.takes_host_counts`)."""
         if not self.pending:
             return
-        features = [f for f, _ in self.pending]
+        if takes_counts is None:
+            takes_counts = takes_host_counts(drafter)
+        features = [f for f, _, _ in self.pending]
         merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
-        drafter.extend_context(self.draft_cache, merged, torch.cat([v for _, v in self.pending], dim=1))
+        counts = [sum(row) for row in zip(*(c for _, _, c in self.pending))]
+        valid = torch.cat([v for _, v, _ in self.pending], dim=1)
+        extend_drafter_context(drafter, self.draft_cache, merged, valid, counts, takes_counts)
         self.pending = []
 
 
 def _scatter(values: torch.Tensor, index: torch.Tensor | None, rows: int, fill: float | int = 0) -> torch.Tensor:
-    """Rows of `values` placed at `index` of a `[rows, ...]` tensor filled with `fill` (index None: as is)."""
+    """Rows of `values` placed at `index` (on `values`' device) of a `[rows, ...]` tensor filled with `fill`
+    (index None: as is)."""
     if index is None:
         return values
     out = values.new_full((rows, *values.shape[1:]), fill)
-    return out.index_copy(0, index.to(values.device), values)
+    return out.index_copy(0, index, values)
+
+
+def _host_scatter(values: Sequence[int], index: Sequence[int] | None, rows: int) -> list[int]:
+    """`_scatter` of host ints (fill 0)."""
+    if index is None:
+        return list(values)
+    out = [0] * rows
+    for i, value in zip(index, values):
+        out[i] = int(value)
+    return out
+
+
+def _host_ints(values: Sequence[int] | torch.Tensor) -> list[int]:
+    """Budgets as host ints (a device tensor is read once: pass host ints)."""
+    return [int(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
 
 
 class RoundKernel:
@@ -142,6 +172,7 @@ class RoundKernel:
         self.observers = list(observers)
         self.max_pending = max_pending
         self.taps = feature_layers(drafter) if drafter is not None else []
+        self.takes_counts = drafter is not None and takes_host_counts(drafter)
 
     def start(self, rows: list[Any], anchor: torch.Tensor, target_cache: RaggedTargetCache,
               features: torch.Tensor | None, valid: torch.Tensor) -> RoundBatch:
@@ -153,45 +184,48 @@ class RoundKernel:
         return RoundBatch(list(rows), anchor, target_cache, draft_cache)
 
     # ------------------------------------------------------------------ one round
-    def step(self, batch: RoundBatch, histories: Sequence[torch.Tensor], cap: torch.Tensor,
+    def step(self, batch: RoundBatch, histories: Sequence[torch.Tensor], cap: Sequence[int] | torch.Tensor,
              commit: CommitFn) -> RoundRecord:
-        """One round for every row of `batch`; cap `[A]`: the most drafts row a may verify (budget − 1)."""
+        """One round for every row of `batch`; cap `[A]` host ints: the most drafts row a may verify (budget − 1)."""
         start = time.perf_counter()
+        cap = _host_ints(cap)
         if self.drafter is None:
-            plan = DraftPlan(rows=cap[:0].long())
+            plan = DraftPlan(rows=torch.zeros(0, dtype=torch.long))
         else:  # a drafter whose rows cost differently (a hybrid's lookup rows) says so before the plan
             row_costs = getattr(self.drafter, "row_draft_costs", None)
             shares = None if row_costs is None else row_costs(batch.draft_cache, histories)
             plan = self.policy.plan(batch.rows, cap, shares)
         planned = time.perf_counter()
-        drafts, draft_probs, verify_len, record = self._draft(batch, histories, cap, plan)
+        drafts, draft_probs, host_len, tau, record = self._draft(batch, histories, cap, plan)
         drafted = time.perf_counter()
         record.policy_seconds += planned - start
-        steps = 1 + int(verify_len.max()) if verify_len.numel() else 1
+        steps = 1 + max(host_len, default=0)
         drafts = drafts[:, : steps - 1]
+        device = batch.anchor.device
+        verify_len = upload(host_len, device)
         inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
         input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
         out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs)
         scores = self.processors.apply_positions(batch.rows, histories, drafts, out.logits, verify_len + 1)
         result = self._verify(drafts, draft_probs, scores, verify_len, steps)
         accepted = result.num_accepted
-        # one device-to-host transfer: ℓ, accepted counts, next tokens and drafts of every row
-        host = torch.cat([verify_len[:, None], accepted[:, None], result.next_token[:, None], drafts], dim=1).tolist()
-        for a, (_, m, next_token, *row_drafts) in enumerate(host):
-            tokens = [*row_drafts[:m], next_token]
-            record.committed.append(commit(a, tokens, scores[a, : m + 1], out.logits[a, : m + 1]))
+        accepted_host, next_host, drafts_host, tau = self._download(accepted, result.next_token, drafts, tau)
+        for a, (m, next_token, row_drafts) in enumerate(zip(accepted_host, next_host, drafts_host)):
+            record.committed.append(commit(a, [*row_drafts[:m], next_token], scores[a, : m + 1],
+                                           out.logits[a, : m + 1]))
         kept_slots = 1 + accepted
         batch.target_cache.commit_last(steps, kept_slots)
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
             valid = torch.arange(steps, device=inputs.device)[None, :] < kept_slots[:, None]
-            batch.pending.append((out.features, valid))
+            batch.pending.append((out.features, valid, [1 + m for m in accepted_host]))
             if record.drafted or batch.pending_slots() >= self.max_pending:
-                batch.flush(self.drafter)
-            # the host copies: the policy's bookkeeping lives on the host
-            self.policy.observe(batch.rows, torch.tensor([row[0] for row in host]),
-                                torch.tensor([row[1] for row in host]))
+                batch.flush(self.drafter, self.takes_counts)
+            self.policy.observe(batch.rows, torch.tensor(host_len, dtype=torch.long),
+                                torch.tensor(accepted_host, dtype=torch.long))
+            if record.drafted:
+                record.schedule = self.policy.schedule(tau)
         batch.anchor = result.next_token
-        record.verify_len, record.accepted = [row[0] for row in host], [row[1] for row in host]
+        record.verify_len, record.accepted = host_len, accepted_host
         finished = time.perf_counter()
         record.verify_seconds = finished - drafted
         if self.drafter is not None:
@@ -201,32 +235,45 @@ class RoundKernel:
             observer.on_round(record)
         return record
 
-    def _draft(self, batch: RoundBatch, histories, cap: torch.Tensor, plan: DraftPlan):
-        """Propose for the planned rows and choose ℓ: (drafts `[A, γ']`, draft_probs or None, verify_len `[A]`,
-        a record with the policy's share of the time)."""
+    @staticmethod
+    def _download(accepted, next_token, drafts, tau):
+        """The round's one device-to-host copy: accepted counts, next tokens, drafts `[A, ℓ_max]` and τ̂."""
+        rows, width = drafts.shape
+        parts = [accepted, next_token, drafts.reshape(-1)]
+        if tau is not None:
+            parts.append(float_bits(tau).to(accepted.device))
+        flat = download(torch.cat([p.to(torch.long) for p in parts]))
+        body = flat[2 * rows: 2 * rows + rows * width]
+        drafts_host = [body[a * width: (a + 1) * width] for a in range(rows)]
+        return flat[:rows], flat[rows: 2 * rows], drafts_host, bits_float(flat[-1]) if tau is not None else None
+
+    def _draft(self, batch: RoundBatch, histories, cap: list[int], plan: DraftPlan):
+        """Propose for the planned rows and choose ℓ: (drafts `[A, γ']`, draft_probs or None, ℓ `[A]` host ints,
+        τ̂ as a device scalar or None, a record with the policy's share of the time)."""
         rows, device = len(batch.rows), batch.anchor.device
-        verify_len = torch.zeros(rows, dtype=torch.long, device=device)
         record = RoundRecord(list(batch.rows), [], [], [], drafted=0, probe=plan.probe)
         if not plan.drafts:
-            return batch.anchor.new_zeros(rows, 0), None, verify_len, record
+            return batch.anchor.new_zeros(rows, 0), None, [0] * rows, None, record
         proposed_at = time.perf_counter()  # the queued context update counts as drafting time
-        batch.flush(self.drafter)
-        index = plan.rows if plan.rows is not None and plan.rows.numel() < rows else None
-        sub_rows = batch.rows if index is None else [batch.rows[i] for i in index.tolist()]
-        sub_hist = list(histories) if index is None else [histories[i] for i in index.tolist()]
-        cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(index.to(device))
-        anchor = batch.anchor if index is None else batch.anchor.index_select(0, index.to(device))
+        batch.flush(self.drafter, self.takes_counts)
+        host_index = plan.rows.tolist() if plan.rows is not None and plan.rows.numel() < rows else None
+        index = None if host_index is None else upload(host_index, device)
+        sub_rows = batch.rows if index is None else [batch.rows[i] for i in host_index]
+        sub_hist = list(histories) if index is None else [histories[i] for i in host_index]
+        cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(
+            torch.tensor(host_index, dtype=torch.long))
+        anchor = batch.anchor if index is None else batch.anchor.index_select(0, index)
         proposal = self.drafter.propose(
             anchor, cache, do_sample=self.do_sample, row_ids=sub_rows, histories=sub_hist,
             logits_processor=draft_logits_processor(self.processors, sub_rows, sub_hist),
         )
         chosen_at = time.perf_counter()
-        sub_cap = cap if index is None else cap.index_select(0, index.to(cap.device))
-        sub_len = self.policy(proposal, sub_cap)
+        sub_cap = cap if index is None else [cap[i] for i in host_index]
+        sub_len = self.policy(proposal, sub_cap).tolist()
+        tau = self.policy.expected_tokens_tensor(upload(sub_len, proposal.draft_ids.device))
         record.policy_seconds = time.perf_counter() - chosen_at
         record.draft_seconds = chosen_at - proposed_at
         record.drafted = len(sub_rows)
-        record.schedule = self.policy.last_schedule
         logits = proposal.confidence_logits
         if logits is None and proposal.confidence is not None:  # drafters that only give calibrated c_k
             logits = torch.logit(proposal.confidence.float().clamp(1e-6, 1 - 1e-6))
@@ -235,8 +282,8 @@ class RoundKernel:
         drafts = _scatter(proposal.draft_ids, index, rows)
         probs = None
         if self.do_sample:
-            probs = _scatter(proposal.draft_probs[:, : int(sub_len.max())], index, rows)
-        return drafts, probs, _scatter(sub_len, index, rows), record
+            probs = _scatter(proposal.draft_probs[:, : max(sub_len, default=0)], index, rows)
+        return drafts, probs, _host_scatter(sub_len, host_index, rows), tau, record
 
     def _verify(self, drafts, draft_probs, scores, verify_len, steps) -> VerificationResult:
         if self.do_sample:

@@ -9,6 +9,7 @@ from ..binding import validate_target_shape
 from .call_checks import check_call
 from .drafting import is_draft_model
 from .target_checks import check_target
+from .transfer import upload
 
 
 def validate_call(model, drafter, generation_config) -> None:
@@ -107,7 +108,7 @@ class RowState:
         rows = sorted(self._pending)
         width = max(len(self._pending[r]) for r in rows)
         padded = [self._pending[r] + [0] * (width - len(self._pending[r])) for r in rows]
-        uploaded = torch.tensor(padded, dtype=self.histories[0].dtype, device=self.histories[0].device)
+        uploaded = upload(padded, self.histories[0].device, self.histories[0].dtype)  # pinned, non-blocking
         for i, row in enumerate(rows):
             count = len(self._pending[row])
             self.histories[row] = torch.cat([self.histories[row], uploaded[i, :count]])

@@ -192,14 +192,16 @@ class RaggedTargetCache:
 
     def maybe_compact(self) -> None:
         counts = self.valid.sum(dim=1)
-        holes = self.width - int(counts.max())
+        longest = int(counts.max())
+        holes = self.width - longest
         if holes >= self.compact_min_holes and holes >= self.compact_fraction * self.width:
-            self.compact()
+            self.compact(longest)
 
-    def compact(self) -> None:
-        """Gather each row's valid entries into a left-padded cache of width max_a(valid count)."""
-        counts = self.valid.sum(dim=1)
-        new_width = int(counts.max())
+    def compact(self, new_width: int | None = None) -> None:
+        """Gather each row's valid entries into a left-padded cache of width max_a(valid count) (`new_width`, when
+        the caller has it on the host)."""
+        if new_width is None:
+            new_width = int(self.valid.sum(dim=1).max())
         # Stable order: invalid slots first, valid slots last, keeping the valid ones in their order.
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -new_width:]
         for layer in self.cache.layers:
@@ -217,8 +219,7 @@ class RaggedTargetCache:
             layer.values = layer.values.index_select(0, rows)
         self.valid = self.valid.index_select(0, rows)
         self.positions = self.positions.index_select(0, rows)
-        self.next_position = self.next_position.index_select(0, rows)
-        self.maybe_compact()
+        self.next_position = self.next_position.index_select(0, rows)  # compaction: at the next commit's check
 
     def add_rows(self, other: RaggedTargetCache) -> None:
         """Append the rows of another cache (e.g. newly admitted requests), left-padding both to one width."""

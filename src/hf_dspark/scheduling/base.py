@@ -4,13 +4,16 @@ A policy is built once per `generate` call (or per engine) from `PolicySettings`
 `plan(rows, cap, draft_costs)` before the drafter runs (which rows draft; earlier rounds only; `draft_costs` `[R]`
 or None: each row's share of the drafter's per-row cost, from `DraftModel.row_draft_costs`), then
 `lengths(survival, rows, device)` for the verification lengths ℓ_r `[R]` from this round's prefix survivals
-(`[R, γ]`, None without a confidence head; the caller clips them to the remaining budget). `observe`,
+(`[R, γ]`, None without a confidence head; the caller clips them to the remaining budget). `device` is where ℓ
+goes when it does not depend on the survivals: the loop passes the host, so a rule such as `fixed` costs no read
+of the device; ℓ computed from the survivals stays on their device and is read once. `cap` is host ints. `observe`,
 `observe_round` and `forget` feed back what verification accepted, the round's wall times and departed rows.
 Losslessness (Appendix A): the decision on x_j may read x_<j and earlier rounds, never x_≥j.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
@@ -26,7 +29,7 @@ class Policy(Protocol):
     needs_confidence: ClassVar[bool]
     settings: PolicySettings
 
-    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None) -> DraftPlan: ...
+    def plan(self, rows: list[Any], cap: Sequence[int], draft_costs: torch.Tensor | None = None) -> DraftPlan: ...
 
     def lengths(self, survival: torch.Tensor | None, rows: int, device: torch.device) -> torch.Tensor: ...
 
@@ -52,7 +55,7 @@ class BasePolicy:
     def __init__(self, settings: PolicySettings) -> None:
         self.settings = settings
 
-    def plan(self, rows: list[Any], cap: torch.Tensor, draft_costs: torch.Tensor | None = None) -> DraftPlan:
+    def plan(self, rows: list[Any], cap: Sequence[int], draft_costs: torch.Tensor | None = None) -> DraftPlan:
         return DraftPlan()
 
     def lengths(self, survival: torch.Tensor | None, rows: int, device: torch.device) -> torch.Tensor:

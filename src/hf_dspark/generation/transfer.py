@@ -1,0 +1,45 @@
+"""Host-device transfers of the round: one packed download, asynchronous uploads of host decisions.
+
+On CUDA the download goes through pinned memory with `non_blocking=True` and one event wait, so the host waits
+exactly once per round for the device's queue; the uploads copy from pinned memory without blocking. On other
+devices (and on the CPU) the same calls fall back to a plain copy.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import torch
+
+HOST = "cpu"  # where host tensors live (the string: `SyncCounter` treats `torch.device("cpu")` as "the device")
+
+
+def download(packed: torch.Tensor) -> list:
+    """`packed` as nested Python lists: the one device-to-host copy of a round (pinned, non-blocking, one wait)."""
+    if packed.device.type != "cuda":
+        return packed.tolist()
+    host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+    host.copy_(packed, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(packed.device))
+    event.synchronize()
+    return host.tolist()
+
+
+def upload(values: Sequence[int] | Sequence[Sequence[int]], device: torch.device, dtype=torch.long) -> torch.Tensor:
+    """Host ints on `device` without blocking the host (pinned staging on CUDA)."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        host = host.pin_memory()
+    return host.to(device, non_blocking=True)
+
+
+def float_bits(value: torch.Tensor) -> torch.Tensor:
+    """A float scalar tensor as one int64 `[1]` carrying its float64 bits (to ride in an integer packed copy)."""
+    return value.reshape(1).to(torch.float64).view(torch.int64)
+
+
+def bits_float(bits: int) -> float:
+    """The float64 whose bits `float_bits` packed into the int `bits`."""
+    return struct.unpack("<d", struct.pack("<q", bits))[0]
