@@ -30,6 +30,12 @@ def _continue(target, output, prompt_mask, new=10):
     )
 
 
+def _scored_kwargs(eos: list[int], **extra) -> dict:
+    """Greedy generate kwargs returning scores and logits, rows ending at `eos`, pad 0."""
+    return dict(max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True, output_scores=True,
+                output_logits=True, eos_token_id=eos, pad_token_id=0, **extra)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral"])
 def test_returned_cache_matches_plain_and_continues_like_it(targets, name):
     target = targets[name]
@@ -40,15 +46,7 @@ def test_returned_cache_matches_plain_and_continues_like_it(targets, name):
     generated = reference.sequences[:, ids.shape[1] :]
     # EOS ids that end rows 1 and 2 early, so plain's cache holds the pad tokens it fed to finished rows
     eos = [int(generated[1, 2]), int(generated[2, 4])]
-    kwargs = dict(
-        max_new_tokens=NEW,
-        do_sample=False,
-        return_dict_in_generate=True,
-        output_scores=True,
-        output_logits=True,
-        eos_token_id=eos,
-        pad_token_id=0,
-    )
+    kwargs = _scored_kwargs(eos)
     reference = target.generate(ids, attention_mask=mask, **kwargs)
     output = target.generate(ids, attention_mask=mask, assistant_model=make_drafter(target), **kwargs)
     assert set(output.keys()) == set(reference.keys()) == {"sequences", "scores", "logits", "cache"}
@@ -135,18 +133,7 @@ def test_finished_rows_scores_are_plains_processed_pad_scores(targets, use_cache
     ids, mask = ragged_prompts(3, seed=5)
     first = target.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     eos = [int(first[1, ids.shape[1] + 2]), int(first[2, ids.shape[1] + 4])]
-    kwargs = dict(
-        max_new_tokens=NEW,
-        do_sample=False,
-        return_dict_in_generate=True,
-        output_scores=True,
-        output_logits=True,
-        eos_token_id=eos,
-        pad_token_id=0,
-        repetition_penalty=1.4,
-        no_repeat_ngram_size=2,
-        use_cache=use_cache,
-    )
+    kwargs = _scored_kwargs(eos, repetition_penalty=1.4, no_repeat_ngram_size=2, use_cache=use_cache)
     reference = target.generate(ids, attention_mask=mask, **kwargs)
     output = target.generate(ids, attention_mask=mask, assistant_model=make_drafter(target), **kwargs)
     assert torch.equal(output.sequences, reference.sequences)
