@@ -19,7 +19,7 @@ HEADS = ("markov", "rnn", "none")
 LAYOUTS = (True, False)  # sample_from_anchor
 VOCABS = (None, "draft")
 COMBOS = list(itertools.product(HEADS, LAYOUTS, VOCABS))
-ENGINES = ("vllm", "sglang", "speculators", "deepspec")
+ENGINES = ("vllm", "sglang", "speculators", "deepspec", "tensorrt_llm")
 
 
 @pytest.fixture(scope="module")
@@ -200,3 +200,20 @@ def test_vllm_exports_declare_bidirectional_blocks_and_causal_configs_are_caught
     (out / "config.json").write_text(json.dumps(raw | {"dflash_config": raw["dflash_config"] | {"causal": True}}))
     with pytest.raises(ValueError, match=r"dflash_config\.causal=true; hf-dspark blocks attend bidirectionally"):
         DSparkDrafter.from_pretrained(out, target=qwen3_target)
+
+
+def test_tensorrt_llm_refuses_what_its_fixed_qwen3_layers_cannot_run(tmp_path, qwen3_target):
+    """TensorRT-LLM's dense Qwen3 DSpark class: SiLU MLP, no attention bias, capture layers sorted, no draft
+    vocabulary; `tensorrt-llm` names the same contract."""
+    served = _drafter(qwen3_target, "rnn", True, None)
+    assert refusals(served.config, "tensorrt-llm") == []
+    out = export_drafter(served, tmp_path / "trt", engine="tensorrt-llm", dtype=torch.float32)
+    assert check_export(out, "tensorrt_llm") == []
+    assert f"max_draft_len: {served.config.block_size}" in (out / "README.md").read_text()
+    gelu = make_drafter(qwen3_target, mask_token_id=95, hidden_act="gelu")
+    assert any("hidden_act='gelu'" in r.reason for r in refusals(gelu.config, "tensorrt_llm"))
+    assert refusals(gelu.config, "vllm") == []
+    unsorted = make_drafter(qwen3_target, mask_token_id=95, target_layer_ids=[1, 0])
+    assert any("strictly increasing" in r.reason for r in refusals(unsorted.config, "tensorrt_llm"))
+    with pytest.raises(ValueError, match=r"(?s)TensorRT-LLM cannot serve.*draft vocabulary"):
+        export_drafter(_drafter(qwen3_target, "markov", True, "draft"), tmp_path / "v", engine="tensorrt-llm")

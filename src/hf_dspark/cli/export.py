@@ -35,12 +35,15 @@ def add_export_command(sub) -> None:
     from ..interop.contracts import ENGINE_CONTRACTS
     from ..interop.layout_flags import ASSUME_LAYOUTS
 
-    export = sub.add_parser("export", help="write a drafter in the layout vLLM, SGLang, speculators or DeepSpec load")
+    export = sub.add_parser(
+        "export",
+        help="write a drafter in the layout vLLM, SGLang, speculators, DeepSpec or TensorRT-LLM load",
+    )
     export.add_argument(
         "--engine",
         "--format",
         dest="engine",
-        choices=sorted(ENGINE_CONTRACTS),
+        choices=sorted({*ENGINE_CONTRACTS, *(name.replace("_", "-") for name in ENGINE_CONTRACTS)}),
         default="vllm",
         help="engine whose loader the folder is written for (refused, with the reason and the fix, "
         "when that engine cannot serve the drafter)",

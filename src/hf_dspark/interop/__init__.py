@@ -11,6 +11,7 @@ layout a drafter's weights were trained for.
 
 from .contract_checks import check_export
 from .contracts import ENGINE_CONTRACTS, EngineContract, Refusal, get_contract, refusals, register_engine_contract
+from .contracts_trtllm import TENSORRT_LLM  # registers the TensorRT-LLM contract
 from .engines import readme
 from .export import export_deepspec, export_drafter
 from .hub import add_remote_code, save_for_hub, write_model_card
@@ -22,6 +23,7 @@ __all__ = [
     "ASSUME_LAYOUTS",
     "ENGINE_CONTRACTS",
     "LAYOUTS",
+    "TENSORRT_LLM",
     "EngineContract",
     "LayoutProbe",
     "Refusal",

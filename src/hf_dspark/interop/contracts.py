@@ -69,6 +69,7 @@ class EngineContract:
         reads_causality: the engine decides per draft layer whether block attention is causal (`is_causal`, then
             `dflash_config.causal`, then `layer_types[i] == "sliding_attention"`); the export says `causal: false`.
         increasing_taps: the engine requires strictly increasing target_layer_ids.
+        plain_layers: the engine's draft layers are fixed Qwen3 layers (SiLU MLP, no attention bias, default RoPE).
         gamma_from: where the engine takes γ from (what the launch must set).
         sidecars: what the engine does instead of reading calibration.json / step_curve.json.
         notes: further facts the launch README states.
@@ -95,6 +96,7 @@ class EngineContract:
     embedding_tap: bool = True
     reads_causality: bool = False
     increasing_taps: bool = False
+    plain_layers: bool = False
     gamma_from: str = ""
     sidecars: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -131,6 +133,7 @@ def get_contract(engine: str | EngineContract) -> EngineContract:
     """The registered contract of `engine`; ValueError naming the known engines otherwise."""
     if isinstance(engine, EngineContract):
         return engine
+    engine = engine.replace("-", "_")  # `tensorrt-llm` is the `tensorrt_llm` contract
     if engine not in ENGINE_CONTRACTS:
         raise ValueError(f"unknown engine {engine!r}; choose one of {sorted(ENGINE_CONTRACTS)}.")
     return ENGINE_CONTRACTS[engine]
@@ -227,7 +230,19 @@ def _taps_order(config: DSparkConfig, contract: EngineContract):
             "retrain with the taps in increasing order (the order of fc's input blocks is part of the weights).")
 
 
-_CHECKS = (_layout, _head, _draft_vocab, _confidence, _qk_norm, _mask, _taps, _taps_order)
+def _plain_layers(config: DSparkConfig, contract: EngineContract):
+    if not contract.plain_layers:
+        return None
+    rope = (config.rope_parameters or {}).get("rope_type", "default")
+    odd = [f"hidden_act={config.hidden_act!r}"] * (config.hidden_act != "silu")
+    odd += ["attention_bias=True"] * bool(config.attention_bias) + [f"rope_type={rope!r}"] * (rope != "default")
+    if not odd:
+        return None
+    return (f"its draft layers are fixed Qwen3 layers (SiLU MLP, no attention bias, default RoPE), and this drafter "
+            f"has {', '.join(odd)}.", "retrain with the target-family defaults above, or export with --engine vllm.")
+
+
+_CHECKS = (_layout, _head, _draft_vocab, _confidence, _qk_norm, _mask, _taps, _taps_order, _plain_layers)
 
 _SIDECARS_VLLM = (
     "vLLM reads neither file: it profiles its own draft and verify cost tables on the serving GPU "
@@ -243,13 +258,15 @@ VLLM = register_engine_contract(EngineContract(
         ContractSource("vllm-project/vllm", "vllm/model_executor/models/qwen3_dspark.py", "0302ff40",
                        "Qwen3DSparkForCausalLM.load_weights: pruned lm_head + d2t required for a draft vocabulary, "
                        "t2d skipped, mask_embedding dropped, markov_w2 [V_draft, r], "
-                       "confidence_head_with_markov defaults to false"),
+                       "confidence_head_with_markov defaults to false (at 47bd6d7c an enabled confidence head "
+                       "without its tensors is an error)"),
         ContractSource("vllm-project/vllm", "vllm/model_executor/models/qwen3_dflash.py", "036a00d1",
                        "draft layers always apply q/k RMSNorms; causality from is_causal / dflash_config.causal / "
                        "layer_types; z-lab DFlash checkpoints served by the DFlash class"),
         ContractSource("vllm-project/vllm", "vllm/v1/worker/gpu/spec_decode/dspark/speculator.py", "6534e066",
-                       "anchor-first unless dspark_bonus_anchor; num_speculative_tokens slots from the launch "
-                       "flag, not from block_size"),
+                       "anchor-first unless dspark_bonus_anchor (other stored versions, e.g. 02957b5a, read "
+                       "sample_from_anchor, default true: both are written); num_speculative_tokens slots from the "
+                       "launch flag, not from block_size"),
     ),
     dflash_architecture="DFlashDraftModel",
     required_keys=("target_layer_ids", "mask_token_id", "markov_rank", "enable_confidence_head", "block_size",
@@ -267,13 +284,16 @@ SGLANG = register_engine_contract(EngineContract(
     sources=(
         ContractSource("sgl-project/sglang", "python/sglang/srt/models/qwen3_dspark.py", "2dd29f7b",
                        "required head_dim, target_layer_ids, block_size, num_hidden_layers, mask_token_id; every "
-                       "parameter must receive a tensor and unknown tensors raise; markov_w2 [V, r] (no draft "
-                       "vocabulary, no d2t); the confidence head needs markov_rank > 0 and "
-                       "confidence_head_with_markov; no layout flag read"),
+                       "parameter must receive a tensor (embed_tokens and lm_head included: the class owns its "
+                       "vocabulary weights) and unknown tensors raise; norm.weight loads into shared_head.norm; "
+                       "markov_w2 [V, r] (no draft vocabulary, no d2t); the confidence head needs markov_rank > 0 "
+                       "and confidence_head_with_markov; no layout flag read"),
         ContractSource("sgl-project/sglang", "python/sglang/srt/speculative/dspark_worker_v2.py", "028b6e61",
                        "block_size of the config is γ (anchor-first drafts), verify stride γ + 1; "
-                       "--speculative-num-draft-tokens only warns on a mismatch; the target's embed_tokens and "
-                       "lm_head replace the draft's; confidence gate off unless SGLANG_DSPARK_USE_CONFIDENCE_GATE"),
+                       "--speculative-num-draft-tokens only warns on a mismatch; this version ties the target's "
+                       "embed_tokens and lm_head over the draft's (later ones keep the draft's own, so the export "
+                       "ships copies of the target's); confidence gate off unless "
+                       "SGLANG_DSPARK_USE_CONFIDENCE_GATE"),
     ),
     dflash_architecture="DFlashDraftModel",
     required_keys=("head_dim", "target_layer_ids", "block_size", "num_hidden_layers", "mask_token_id",

@@ -33,6 +33,15 @@ def _launch(config: DSparkConfig, contract: EngineContract, out_name: str, targe
             f"  --speculative-num-draft-tokens {gamma} --speculative-eagle-topk 1",
             "```",
         ]
+    if contract.name == "tensorrt_llm":
+        return [
+            "```bash",
+            f"trtllm-serve {target} --extra_llm_api_options dspark.yaml",
+            "```",
+            "",
+            f"with a DSpark `speculative_config` in `dspark.yaml` naming `{out_name}` as the draft model and "
+            f"`max_draft_len: {gamma}`.",
+        ]
     return [
         "```bash",
         f"python eval.py  # with the draft model path set to {out_name} and the target to {target}",
