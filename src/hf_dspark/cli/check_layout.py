@@ -9,12 +9,26 @@ from pathlib import Path
 from .loaders import existing_file, load_target, positive_int
 from .validation import check_drafter_path
 
-# Held-out text for the probe when none is given: ordinary prose, not from any training set of ours.
-DEFAULT_TEXT = (
-    "The lighthouse keeper climbed the narrow stairs every evening at dusk. From the top he could see the fishing "
-    "boats returning to the harbour, their lamps swaying with the swell, and the long line of the coast fading into "
-    "the dark. He wrote the weather in a small book: wind from the west, light rain, the sea calm by midnight."
+# Held-out prompt for the probe when no text is given, not from any training set of ours: a chat request of the kind
+# drafters are trained on (the target's own replies to prompts), since a drafter drafts well only in-distribution.
+DEFAULT_PROMPT = (
+    "A bakery sells muffins for $3 each and cookies for $2 each. On Monday it sold 14 muffins and twice as many "
+    "cookies. On Tuesday it sold 5 fewer muffins than on Monday and 8 more cookies than on Monday. How much money "
+    "did the bakery make on the two days together?\nPlease reason step by step, and put your final answer within "
+    "\\boxed{}."
 )
+
+
+def _prompt_ids(tokenizer, device):
+    """The default prompt in the tokenizer's chat template (plain text without one), `[1, P]`."""
+    import torch
+
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": DEFAULT_PROMPT}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = DEFAULT_PROMPT
+    return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]], device=device)
 
 
 def cmd_check_layout(args: argparse.Namespace) -> int:
@@ -26,9 +40,13 @@ def cmd_check_layout(args: argparse.Namespace) -> int:
 
     check_drafter_path(args.parser, "DRAFTER", args.drafter)
     target, tokenizer = load_target(args.target, "float32", tokenizer=True, device=args.device)
-    text = Path(args.text_file).read_text(encoding="utf-8") if args.text_file else DEFAULT_TEXT
-    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]], device=target.device)
-    if not args.text_file:  # the target's own greedy continuation: text the drafter should draft well
+    if args.text_file:  # the first quarter of the text is context only
+        text = Path(args.text_file).read_text(encoding="utf-8")
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]], device=target.device)
+        min_context = ids.shape[1] // 4
+    else:  # the target's own greedy reply to a chat prompt, measured after the whole prompt
+        ids = _prompt_ids(tokenizer, target.device)
+        min_context = ids.shape[1]
         with torch.no_grad():
             ids = target.generate(
                 ids,
@@ -38,7 +56,7 @@ def cmd_check_layout(args: argparse.Namespace) -> int:
                 pad_token_id=tokenizer.pad_token_id or 0,
             )
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, assume_layout=args.assume_layout)
-    probe = probe_layout(drafter, target, ids[0, -(args.tokens + 1) :], max_positions=args.tokens)
+    probe = probe_layout(drafter, target, ids[0], max_positions=args.tokens, min_context=min_context)
     print(f"{args.drafter}: {probe.summary()}")
     return 1 if probe.matches is False else 0
 
@@ -54,14 +72,15 @@ def add_check_layout_command(sub) -> None:
         "--text-file",
         type=existing_file,
         default=None,
-        help="held-out UTF-8 text to probe on (default: a built-in paragraph)",
+        help="held-out UTF-8 text to probe on (its first quarter is context only; default: the target's reply to a "
+        "built-in chat prompt)",
     )
     parser.add_argument(
         "--tokens",
         type=positive_int,
         default=128,
-        help="anchor positions to measure (default text: the target's greedy continuation of a "
-        "built-in paragraph, this many tokens)",
+        help="anchor positions to measure (default text: the target's greedy reply to a built-in chat "
+        "prompt, this many tokens, each drafted with the whole prompt as context)",
     )
     parser.add_argument(
         "--assume-layout",

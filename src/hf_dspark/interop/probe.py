@@ -86,18 +86,19 @@ def first_position_hits(
     return proposal.draft_ids[:, 0] == wanted
 
 
-def _rows(target, drafter, sequences: list[torch.Tensor], max_positions: int):
-    """(context, valid, anchors, wanted) with one row per anchor position of the held-out sequences."""
+def _rows(target, drafter, sequences: list[torch.Tensor], max_positions: int, min_context: int):
+    """(context, valid, anchors, wanted) with one row per anchor position of the held-out sequences (anchors at
+    positions >= `min_context`, each with everything before it as context)."""
     taps = [i + 1 for i in drafter.config.target_layer_ids]  # hidden_states index (tap -1 -> the embeddings)
     rows = []
     for ids in sequences:
         out = target(ids[None], output_hidden_states=True)
         feats = torch.cat([out.hidden_states[i] for i in taps], dim=-1)[0]
         greedy = out.logits[0].argmax(-1)
-        rows += [(feats[:t], ids[t], greedy[t]) for t in range(1, ids.shape[0])]
+        rows += [(feats[:t], ids[t], greedy[t]) for t in range(max(1, min_context), ids.shape[0])]
     rows = rows[:max_positions]
     if not rows:
-        raise ValueError("probe_layout needs held-out sequences of at least 2 tokens.")
+        raise ValueError(f"probe_layout needs held-out sequences longer than min_context={min_context} tokens.")
     longest = max(r[0].shape[0] for r in rows)
     context = torch.zeros(len(rows), longest, rows[0][0].shape[-1], dtype=rows[0][0].dtype)
     valid = torch.zeros(len(rows), longest, dtype=torch.bool)
@@ -112,7 +113,7 @@ def _rows(target, drafter, sequences: list[torch.Tensor], max_positions: int):
 
 @torch.no_grad()
 def probe_layout(
-    drafter, target, input_ids: torch.Tensor | list[torch.Tensor], max_positions: int = 48
+    drafter, target, input_ids: torch.Tensor | list[torch.Tensor], max_positions: int = 48, min_context: int = 1
 ) -> LayoutProbe:
     """Measure which block layout `drafter`'s weights were trained for on held-out token ids.
 
@@ -121,12 +122,15 @@ def probe_layout(
         target: the target causal LM.
         input_ids: `[B, L]` or a list of 1-D id tensors of text neither was trained on (a few dozen tokens).
         max_positions: at most this many anchor positions are measured.
+        min_context: anchors start at this position, so every measured draft sees at least this much context (a
+            chat prompt, say): a drafter drafts poorly after a handful of tokens under either reading, and those
+            positions only dilute the difference between the two.
     """
     drafter._require_bound()
     sequences = list(input_ids) if not torch.is_tensor(input_ids) or input_ids.dim() == 2 else [input_ids]
     device = next(target.parameters()).device
     sequences = [torch.as_tensor(s, dtype=torch.long).reshape(-1).to(device) for s in sequences]
-    context, valid, anchors, wanted = _rows(target, drafter, sequences, max_positions)
+    context, valid, anchors, wanted = _rows(target, drafter, sequences, max_positions, min_context)
     rates = [
         first_position_hits(drafter, context, valid, anchors, wanted, anchor_first).float().mean()
         for anchor_first in (True, False)
