@@ -81,3 +81,13 @@ def test_cli_check_layout_passes_a_right_config_and_fails_a_mislabelled_one(tmp_
     assert cli_main([*args, str(tmp_path / "shifted")]) == 1
     out = capsys.readouterr().out
     assert "declares dflash" in out and "MISLABELLED" in out and "--assume-layout anchor-first" in out
+
+
+def test_probe_measures_only_after_min_context(target):
+    """Anchors before `min_context` are context only: a drafter that drafts well only with enough context (every
+    real one) is then not diluted by the first few positions, where either reading drafts poorly."""
+    drafter = _copy_drafter(target)
+    probe = probe_layout(drafter, target, _held_out(), min_context=15)
+    assert probe.positions == 2 * (20 - 15) and probe.measured == "anchor-first"
+    with pytest.raises(ValueError, match="longer than min_context=20"):
+        probe_layout(drafter, target, _held_out(), min_context=20)
