@@ -27,7 +27,8 @@ def _copy_target(kind="llama"):
 def _copy_drafter(target, **overrides):
     """Zeroed layers too: slot k's output is its own input embedding, so slot 0 (the anchor) drafts the target's
     next token and slot 1 (a mask) always drafts the mask token."""
-    drafter = make_drafter(target, head_type="none", use_confidence_head=False, mask_token_id=95, **overrides)
+    fields = dict(head_type="none", use_confidence_head=False, mask_token_id=95) | overrides
+    drafter = make_drafter(target, **fields)
     with torch.no_grad():
         for layer in drafter.layers:
             layer.self_attn.o_proj.weight.zero_()
@@ -91,3 +92,17 @@ def test_probe_measures_only_after_min_context(target):
     assert probe.positions == 2 * (20 - 15) and probe.measured == "anchor-first"
     with pytest.raises(ValueError, match="longer than min_context=20"):
         probe_layout(drafter, target, _held_out(), min_context=20)
+
+
+def test_probe_reads_the_backbone_when_the_sequential_head_hides_the_layout(target):
+    """A Markov head whose bias alone drafts the target's next token (here: the anchor again) makes the proposals
+    right under both readings; the backbone's first draft still tells them apart, and the verdict follows it."""
+    vocab = target.config.vocab_size
+    drafter = _copy_drafter(target, head_type="markov", markov_rank=vocab)
+    with torch.no_grad():
+        drafter.markov_head.markov_w1.weight.copy_(torch.eye(vocab) * 30.0)
+        drafter.markov_head.markov_w2.weight.copy_(torch.eye(vocab) * 30.0)
+    probe = probe_layout(drafter, target, _held_out())
+    assert probe.anchor_first == 1.0 and probe.dflash == 1.0  # the proposals alone cannot tell
+    assert probe.backbone_anchor_first == 1.0 and probe.backbone_dflash < 0.1
+    assert probe.measured == "anchor-first" and probe.matches is True and "backbone alone" in probe.summary()

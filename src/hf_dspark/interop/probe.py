@@ -5,6 +5,10 @@ from slot 0, the anchor's own slot) or anchor + γ masks (it comes from slot 1, 
 under the wrong one drafts one position shifted and is accepted almost never, with no error. The probe runs the
 target over a few dozen held-out tokens and measures the first-position greedy acceptance (the first draft equals the
 target's greedy next token) under both readings; the weights were trained for the reading that scores higher.
+
+The verdict reads the backbone's first draft (argmax of U_1, without the sequential head's bias): the head's bias
+B_1 depends on the anchor alone, identically under both readings, so it pulls both proposals towards the same
+bigram guess and narrows their gap; the backbone's slot is what the layout moves. Both are reported.
 """
 
 from __future__ import annotations
@@ -33,13 +37,19 @@ class LayoutProbe:
     dflash: float
     positions: int
     declared: str
+    backbone_anchor_first: float | None = None
+    backbone_dflash: float | None = None
 
     @property
     def measured(self) -> str | None:
-        """The layout the weights were trained for, or None when the two acceptances are too close to tell."""
-        if abs(self.anchor_first - self.dflash) < MIN_MARGIN:
+        """The layout the weights were trained for (from the backbone's first draft when measured), or None when
+        the two acceptances are too close to tell."""
+        first, shifted = self.anchor_first, self.dflash
+        if self.backbone_anchor_first is not None and self.backbone_dflash is not None:
+            first, shifted = self.backbone_anchor_first, self.backbone_dflash
+        if abs(first - shifted) < MIN_MARGIN:
             return None
-        return ANCHOR_FIRST if self.anchor_first > self.dflash else ANCHOR_PLUS_MASKS
+        return ANCHOR_FIRST if first > shifted else ANCHOR_PLUS_MASKS
 
     @property
     def matches(self) -> bool | None:
@@ -50,8 +60,14 @@ class LayoutProbe:
         """One paragraph for a person: both acceptances, the verdict and, on a mismatch, the fix."""
         head = (
             f"first-position acceptance over {self.positions} positions: anchor-first {self.anchor_first:.3f}, "
-            f"anchor + γ masks (dflash) {self.dflash:.3f}; the config declares {self.declared}."
+            f"anchor + γ masks (dflash) {self.dflash:.3f}"
         )
+        if self.backbone_anchor_first is not None and self.backbone_dflash is not None:
+            head += (
+                f" (backbone alone, without the sequential head: anchor-first {self.backbone_anchor_first:.3f}, "
+                f"dflash {self.backbone_dflash:.3f})"
+            )
+        head += f"; the config declares {self.declared}."
         if self.measured is None:
             return head + " The two are too close to tell (probe on more or more typical text)."
         if self.matches:
@@ -69,8 +85,9 @@ def first_position_hits(
     anchors: torch.Tensor,
     wanted: torch.Tensor,
     anchor_first: bool,
-) -> torch.Tensor:
-    """Whether the first greedy draft equals `wanted` per row, reading the block as `anchor_first` says.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether the first greedy draft equals `wanted` per row, reading the block as `anchor_first` says: `[R]` bool
+    for the proposal and for the backbone's draft alone (argmax of U_1, no sequential-head bias).
 
     context `[R, T, n·d]` tapped target features (left-padded; `valid` bool `[R, T]`), anchors / wanted `[R]`.
     The config's layout is switched for the call only (the weights do not depend on it)."""
@@ -81,9 +98,12 @@ def first_position_hits(
         cache = drafter.init_cache(anchors.shape[0], capacity=context.shape[1] + config.block_size + 1)
         drafter.extend_context(cache, context, valid)
         proposal = drafter.propose(anchors, cache)
+        backbone = drafter.lm_logits(drafter.block_hidden_states(anchors, cache)[:, 0]).argmax(-1)
     finally:
         config.sample_from_anchor = declared
-    return proposal.draft_ids[:, 0] == wanted
+    draft_ids = drafter.draft_token_ids()
+    backbone = backbone if draft_ids is None else draft_ids[backbone]
+    return proposal.draft_ids[:, 0] == wanted, backbone == wanted
 
 
 def _rows(target, drafter, sequences: list[torch.Tensor], max_positions: int, min_context: int):
@@ -131,12 +151,16 @@ def probe_layout(
     device = next(target.parameters()).device
     sequences = [torch.as_tensor(s, dtype=torch.long).reshape(-1).to(device) for s in sequences]
     context, valid, anchors, wanted = _rows(target, drafter, sequences, max_positions, min_context)
-    rates = [
-        first_position_hits(drafter, context, valid, anchors, wanted, anchor_first).float().mean()
-        for anchor_first in (True, False)
-    ]
-    rates = torch.stack(rates).cpu().tolist()  # the one host transfer
-    return LayoutProbe(rates[0], rates[1], int(anchors.shape[0]), layout_name(drafter.config.sample_from_anchor))
+    hits = [first_position_hits(drafter, context, valid, anchors, wanted, first) for first in (True, False)]
+    rates = torch.stack([h.float().mean() for pair in hits for h in pair]).cpu().tolist()  # the one host transfer
+    return LayoutProbe(
+        rates[0],
+        rates[2],
+        int(anchors.shape[0]),
+        layout_name(drafter.config.sample_from_anchor),
+        backbone_anchor_first=rates[1],
+        backbone_dflash=rates[3],
+    )
 
 
 __all__ = ["LayoutProbe", "first_position_hits", "probe_layout"]
