@@ -143,8 +143,8 @@ def test_sunk_cost_stop_is_a_stopping_rule():
 def test_appendix_a_lagged_draft_or_decode_is_lossless_and_a_leaky_rule_is_not():
     """Round 2's ℓ comes from round 1's realised acceptance (the "auto" planner): the first token of round 2
     still follows p_target. Choosing ℓ from round 2's own draft (skip verification when it looks wrong) does not."""
-    from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker
-    from hf_dspark.generation.cost_policy import CostAwarePlanner
+    from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
+    from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 
     n, gen = 100_000, torch.Generator().manual_seed(1)
     p_draft, p_target = torch.tensor([0.5, 0.5]), torch.tensor([0.7, 0.3])

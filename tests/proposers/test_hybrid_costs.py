@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker
-from hf_dspark.generation.cost_policy import CostAwarePlanner
+from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
+from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 from hf_dspark.generation.engine import DSparkEngine
 from hf_dspark.generation.policy import VerificationPolicy
 from hf_dspark.proposers import hybrid_for

@@ -1,11 +1,11 @@
-"""`"auto"`: cost-aware drafting (plans from earlier rounds, `generation.cost_policy`), then the sunk-cost stop."""
+"""`"auto"`: cost-aware drafting (plans from earlier rounds, `scheduling.cost_policy`), then the sunk-cost stop."""
 
 from __future__ import annotations
 
 import torch
 
-from ..generation.acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker
-from ..generation.cost_policy import CostAwarePlanner
+from .acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker
+from .cost_policy import CostAwarePlanner
 from .base import BasePolicy
 from .padded import sunk_cost_stop
 from .records import DraftPlan, PolicySettings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..generation.acceptance import AcceptanceMemory
+from .acceptance import AcceptanceMemory
 
 
 class PolicyMemory:

@@ -1,4 +1,4 @@
-"""The "auto" policy's planner (hf_dspark.generation.cost_policy): the probe schedule and its back-off."""
+"""The "auto" policy's planner (hf_dspark.scheduling.cost_policy): the probe schedule and its back-off."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import torch
 
-from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker
-from hf_dspark.generation.cost_policy import CostAwarePlanner
+from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
+from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 from hf_dspark.scheduler import StepCurve
 
 GAMMA = 4

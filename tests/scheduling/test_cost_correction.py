@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from hf_dspark.generation.acceptance import AcceptanceMemory, AcceptanceTracker
-from hf_dspark.generation.cost_correction import CostCorrection
-from hf_dspark.generation.cost_policy import CostAwarePlanner
+from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
+from hf_dspark.scheduling.cost_correction import CostCorrection
+from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 from hf_dspark.generation.round import RoundRecord
 from hf_dspark.scheduler import StepCurve
 from hf_dspark.scheduling import PolicyMemory

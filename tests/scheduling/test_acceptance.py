@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from hf_dspark.generation.acceptance import (
+from hf_dspark.scheduling.acceptance import (
     PRIOR_CLIP,
     AcceptanceMemory,
     AcceptanceTracker,

@@ -1,0 +1,197 @@
+"""Realised acceptance per request, from earlier rounds only: the lagged estimates the "auto" policy plans with.
+
+Per request r and draft position j the tracker keeps decayed counts of the conditional acceptance
+q_{r,j} = P(x_j accepted | x_<j accepted): a round that verified ℓ drafts and accepted m observes positions
+1..min(m + 1, ℓ) (accepted for j ≤ m, rejected at m + 1); later positions are censored and keep their counts.
+The estimated prefix survival is â_{r,j} = ∏_{i≤j} q̂_{r,i} with q̂ = (succ + w·q_pool) / (trials + w), where the
+pooled q_pool over all requests (and over earlier `generate` calls with the same drafter, `AcceptanceMemory`)
+is the prior of a request that has not been observed yet.
+
+The pool itself starts from a prior: the drafter's held-out acceptance (`DSparkConfig.heldout_acceptance`, measured
+by `hf-dspark calibrate`) held as `INFORMED_PRIOR_WEIGHT` pseudo-trials per position, or, for a drafter never
+calibrated, q = 0.5 held as one pseudo-trial, each position's estimate shrinking towards the one before it.
+A request that does not draft in a round forgets part of its own evidence (`idle_decay`), so its estimate drifts
+back to the pool: a few unlucky rejections cannot switch drafting off for the rest of a request whose drafter pays
+on average, while a request that stays bad is re-tried only every several rounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .cost_correction import CostCorrection
+
+
+@dataclass
+class AcceptanceMemory:
+    """Pooled decayed counts `[γ]` over every observed row (the prior of new requests), the probe schedule and the
+    measured round costs (`CostCorrection`), kept across calls through a caller-owned
+    `hf_dspark.scheduling.PolicyMemory`.
+
+    The probe schedule: `probe_interval`, rounds between probes within the probe budget; `futile_probes`, probes in a
+    row after which drafting still did not pay (each doubles the wait for the next); `probe_verdict_due`, a probe
+    ran and the next plan has not yet said whether it found drafts that pay.
+    """
+
+    successes: torch.Tensor
+    trials: torch.Tensor
+    rounds_since_probe: int = 0
+    probe_interval: int = 0
+    futile_probes: int = 0
+    probe_verdict_due: bool = False
+    costs: CostCorrection = field(default_factory=CostCorrection)
+
+    @classmethod
+    def empty(cls, block_size: int) -> AcceptanceMemory:
+        return cls(torch.zeros(block_size, dtype=torch.float64), torch.zeros(block_size, dtype=torch.float64))
+
+    @property
+    def observed(self) -> bool:
+        return bool(self.trials[0] > 0)
+
+
+INFORMED_PRIOR_WEIGHT = 8.0  # pseudo-trials of a measured held-out acceptance in the pool
+PRIOR_CLIP = 0.02  # prior rates are clipped to [PRIOR_CLIP, 1 − PRIOR_CLIP]
+
+def heldout_acceptance(drafter: Any, greedy: bool) -> list[float] | None:
+    """The drafter's held-out conditional acceptance for this decoding mode (`DSparkConfig.acceptance_prior`), or
+    None for drafters without one (never calibrated, or model-free)."""
+    prior = getattr(getattr(drafter, "config", None), "acceptance_prior", None)
+    return prior(greedy) if callable(prior) else None
+
+
+def observed_positions(verify_len: torch.Tensor, accepted: torch.Tensor, block_size: int) -> tuple[torch.Tensor,
+                                                                                                      torch.Tensor]:
+    """(observed, accepted) bool `[R, γ]`: position j (1-based j = index + 1) is observed iff j ≤ min(m + 1, ℓ)."""
+    positions = torch.arange(1, block_size + 1)[None, :]
+    seen = positions <= torch.minimum(accepted + 1, verify_len)[:, None]
+    return seen, positions <= accepted[:, None]
+
+
+@dataclass
+class AcceptanceTracker:
+    """Per-request conditional acceptance counts; `survival(rows)` gives the lagged â `[R, γ]`.
+
+    Args:
+        block_size: γ.
+        memory: pooled counts shared with later calls (updated in place).
+        decay: each new observation of a position multiplies the old counts by this (a window of ≈ 1/(1 − decay)).
+        prior_weight: pseudo-trials w of the pooled prior in each request's estimate.
+        prior: the pool's prior: one q for every position (each position then shrinks towards the estimate of the
+            one before it), or γ conditional rates, e.g. the drafter's held-out acceptance.
+        pool_prior_weight: pseudo-trials of `prior` in the pool.
+        pool_decay: per-round decay of the pooled counts.
+        idle_decay: a request's counts are multiplied by this in each round it does not draft.
+    """
+
+    block_size: int
+    memory: AcceptanceMemory
+    decay: float = 0.8
+    prior_weight: float = 2.0
+    prior: float | list[float] = 0.5
+    pool_prior_weight: float = 1.0
+    pool_decay: float = 0.95
+    idle_decay: float = 0.85
+    _slots: dict[Any, int] = field(default_factory=dict, repr=False)
+    _counts: torch.Tensor | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials
+    version: int = field(default=0, repr=False)  # bumped whenever an estimate changes (cached decisions key on it)
+    _pool_version: int = field(default=0, repr=False)  # bumped when the pooled counts change
+    _pooled: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
+    _centres: list[float] = field(default_factory=list, repr=False)  # γ prior rates, clipped (informed prior)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.decay < 1.0 or not 0.0 <= self.idle_decay <= 1.0:
+            raise ValueError("AcceptanceTracker needs 0 <= decay < 1 and 0 <= idle_decay <= 1.")
+        if self.prior_weight <= 0 or self.pool_prior_weight <= 0:
+            raise ValueError("AcceptanceTracker needs prior_weight > 0 and pool_prior_weight > 0.")
+        rates = [self.prior] if isinstance(self.prior, (int, float)) else list(self.prior)
+        if len(rates) not in (1, self.block_size) or any(not 0.0 <= q <= 1.0 for q in rates):
+            raise ValueError(f"AcceptanceTracker prior must be one q or {self.block_size} rates in [0, 1], got "
+                             f"{self.prior}.")
+        # a prior rate of exactly 0 would never let the position be verified, hence never corrected
+        self._centres = [min(max(float(q), PRIOR_CLIP), 1.0 - PRIOR_CLIP) for q in rates]
+        self._counts = torch.zeros(1, 2, self.block_size, dtype=torch.float64)  # slot 0: never observed
+
+    def observed(self, row: Any) -> bool:
+        return row in self._slots
+
+    def pooled(self) -> torch.Tensor:
+        """q_pool `[γ]`: the pooled conditional acceptance. With one prior q, each position's prior is the estimate
+        of the position before it (`prior` for the first): a position never reached (censored after fully accepted
+        prefixes) inherits its predecessor's rate, so good drafts earn long ℓ quickly. With γ prior rates, each
+        position shrinks towards its own rate (clipped to [`PRIOR_CLIP`, 1 − `PRIOR_CLIP`])."""
+        if self._pooled is not None and self._pooled[0] == self._pool_version:
+            return self._pooled[1]
+        chained = len(self._centres) == 1
+        weight, previous, rates = self.pool_prior_weight, self._centres[0], []
+        for j, (succ, trials) in enumerate(zip(self.memory.successes.tolist(), self.memory.trials.tolist())):
+            centre = previous if chained else self._centres[j]
+            previous = (succ + weight * centre) / (trials + weight)
+            rates.append(previous)
+        self._pooled = (self._pool_version, torch.tensor(rates, dtype=torch.float64))
+        return self._pooled[1]
+
+    def _slot_index(self, rows: list[Any], create: bool) -> torch.Tensor:
+        if create:
+            for row in rows:
+                if row not in self._slots:
+                    self._slots[row] = len(self._slots) + 1
+            needed = len(self._slots) + 1
+            if needed > self._counts.shape[0]:
+                grown = self._counts.new_zeros(max(needed, 2 * self._counts.shape[0]), 2, self.block_size)
+                grown[: self._counts.shape[0]] = self._counts
+                self._counts = grown
+        return torch.tensor([self._slots.get(row, 0) for row in rows], dtype=torch.long)
+
+    def conditional(self, rows: list[Any]) -> torch.Tensor:
+        """q̂ `[R, γ]` (float64, CPU): each row's conditional acceptance from its own counts and the pooled prior."""
+        counts = self._counts.index_select(0, self._slot_index(rows, create=False))
+        return (counts[:, 0] + self.prior_weight * self.pooled()) / (counts[:, 1] + self.prior_weight)
+
+    def survival(self, rows: list[Any]) -> torch.Tensor:
+        """â `[R, γ]` (float64, CPU) for `rows`: the running product of `conditional`."""
+        return self.conditional(rows).cumprod(dim=-1)
+
+    def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
+        """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]`; rows with ℓ = 0 observe
+        nothing and forget part of their evidence (`idle_decay`)."""
+        verify_len, accepted = verify_len.cpu().long(), accepted.cpu().long()
+        self._relax([row for row, length in zip(rows, verify_len.tolist()) if length == 0])
+        drafted = (verify_len > 0).nonzero().flatten()
+        if not drafted.numel():
+            return  # a plain-decoding round observes nothing
+        self.version += 1
+        self._pool_version += 1
+        seen, kept = observed_positions(verify_len, accepted, self.block_size)
+        seen_f, kept_f = seen.to(torch.float64), kept.to(torch.float64)
+        slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
+        decay = torch.where(seen[drafted], self.decay, 1.0).to(torch.float64)
+        counts = self._counts.index_select(0, slots)
+        counts = counts * decay[:, None, :] + torch.stack([kept_f[drafted], seen_f[drafted]], dim=1)
+        self._counts.index_copy_(0, slots, counts)
+        pool = torch.where(seen.any(dim=0), self.pool_decay, 1.0).to(torch.float64)
+        self.memory.successes = self.memory.successes * pool + kept_f.sum(dim=0)
+        self.memory.trials = self.memory.trials * pool + seen_f.sum(dim=0)
+
+    def _relax(self, idle: list[Any]) -> None:
+        """Multiply the counts of observed rows that did not draft by `idle_decay` (their estimates drift back to
+        the pool). Rows never observed have no counts; a change bumps `version` (cached decisions expire)."""
+        if self.idle_decay == 1.0 or not idle:
+            return
+        index = self._slot_index(idle, create=False)
+        index = index[self._counts[index, 1].amax(dim=-1) > 1e-3]  # evidence already forgotten: nothing to change
+        if not index.numel():
+            return
+        self._counts.index_copy_(0, index, self._counts.index_select(0, index) * self.idle_decay)
+        self.version += 1
+
+    def forget(self, rows: list[Any]) -> None:
+        """Rows that left: their slots are cleared (and not reused; a few bytes per request)."""
+        for row in rows:
+            slot = self._slots.pop(row, None)
+            if slot is not None:
+                self._counts[slot] = 0.0
+                self.version += 1

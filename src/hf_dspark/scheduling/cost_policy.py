@@ -1,0 +1,206 @@
+"""The "auto" policy's decision before drafting: which rows draft and how many drafts they verify, or none.
+
+Per round, from the realised acceptances of earlier rounds only (`AcceptanceTracker`), the target's step curve
+SPS(B) and the drafter's cost curve (proposals per second against rows R), `draft_or_decode` maximises
+Θ = E[committed tokens] / (T_verify(R·(1 + L)) + T_draft(k)) over the padded layout's real B, including k = 0:
+decode plainly, without the drafter's forward. Since nothing of the current round is read, the choice is a
+function of the past like a fixed ℓ, and verification stays exact (Appendix A's argument, with the stopping
+rule measurable with respect to earlier rounds).
+
+Skipping observes nothing new: a skipped request's own estimate only drifts back to the pool
+(`AcceptanceTracker.idle_decay`), and the pool stays put, so a *probe* drafts the skipped rows now and then, at
+the L that would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
+`probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain round)), clamped to
+[`min_interval`, `max_interval`], and lengthened after each probe if the probe measured dearer than planned
+(`_respace_probes`). A probe after which drafting still does not pay is *futile*: each futile probe in a row
+doubles the wait for the next one (up to `max_interval`), so a drafter that keeps failing costs ever less, and the
+first plan that drafts again resets it (like a serving engine's back-off from speculation). A drafter never
+observed before probes in its first round.
+
+The curves are corrected by what earlier rounds measured (`cost_correction.CostCorrection`, fed by
+`observe_round`): plain rounds' predicted cost × f_plain, drafting rounds' × f_drafting.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .padded import draft_or_decode, padded_verify_seconds
+from .records import DraftPlan
+from .acceptance import AcceptanceMemory, AcceptanceTracker
+
+if TYPE_CHECKING:
+    from ..generation.round import RoundRecord
+
+
+def _priced_rows(chosen: torch.Tensor, shares: torch.Tensor | None) -> int | None:
+    """⌈Σ shares⌉ over the chosen rows (`draft_or_decode`'s priced count), None without shares."""
+    return None if shares is None else math.ceil(float(shares[chosen].sum()) - 1e-9)
+
+
+def seconds_per_call(curve, counts: torch.Tensor) -> torch.Tensor:
+    """1 / SPS at each count (float64), or zeros without a curve."""
+    if curve is None:
+        return torch.zeros(counts.shape, dtype=torch.float64)
+    return 1.0 / curve.steps_per_second_at(counts.clamp_min(1)).to(torch.float64)
+
+
+@dataclass
+class CostAwarePlanner:
+    """Plans each round for policy "auto" (see the module docstring).
+
+    Args:
+        tracker: per-request realised acceptance (its memory also holds the probe schedule across calls).
+        step_curve: SPS(B) of the target's verification forward.
+        draft_curve: proposals per second of the drafter at R rows (None: drafting costs nothing).
+        probe_budget: fraction of time probes may cost.
+        min_interval / max_interval: bounds of the rounds between probes.
+        optimistic: conditional acceptance assumed when choosing a probe's rows and L.
+        measured_costs: correct the curves by earlier rounds' wall times (`CostCorrection`); False plans with the
+            curves as given (e.g. synthetic curves that are not this machine's seconds).
+    """
+
+    tracker: AcceptanceTracker
+    step_curve: Any
+    draft_curve: Any = None
+    probe_budget: float = 0.02
+    min_interval: int = 8
+    max_interval: int = 512
+    optimistic: float = 0.95
+    measured_costs: bool = True
+    _draft_table: torch.Tensor | None = field(default=None, repr=False)
+    _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
+    _last: tuple[Any, tuple[torch.Tensor, int]] | None = field(default=None, repr=False)
+    _priced: int | None = field(default=None, repr=False)
+
+    def verify_seconds(self, rows: int) -> torch.Tensor:
+        """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
+        if rows not in self._verify_tables:
+            self._verify_tables[rows] = padded_verify_seconds(self.step_curve, rows, self.tracker.block_size)
+        return self._verify_tables[rows]
+
+    def draft_seconds(self, rows: int) -> torch.Tensor:
+        """T_draft(k) for k = 0..rows, `[rows + 1]` (k = 0 costs nothing; a table grown on demand)."""
+        if self._draft_table is None or self._draft_table.numel() <= rows:
+            size = max(rows + 1, 2 * (self._draft_table.numel() if self._draft_table is not None else 32))
+            self._draft_table = seconds_per_call(self.draft_curve, torch.arange(size))
+            self._draft_table[0] = 0.0
+        return self._draft_table[: rows + 1]
+
+    def corrected_costs(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T_verify(rows·(1 + L)) `[γ + 1]`, T_draft(k) `[rows + 1]`) scaled by the measured corrections: column
+        L = 0 (plain decoding) by f_plain, drafting rounds (L ≥ 1 and the drafter) by f_drafting."""
+        if not self.measured_costs:
+            return self.verify_seconds(rows), self.draft_seconds(rows)
+        costs = self.tracker.memory.costs
+        verify = self.verify_seconds(rows).clone()
+        verify[0] *= costs.plain
+        verify[1:] *= costs.drafting
+        return verify, self.draft_seconds(rows) * costs.drafting
+
+    def observe_round(self, record: RoundRecord) -> None:
+        """Feed one finished round's wall time (drafter + verification) to the cost correction."""
+        rows = len(record.rows)
+        if rows == 0 or not self.measured_costs:
+            return
+        longest = max(record.verify_len, default=0)
+        predicted = float(self.verify_seconds(rows)[min(longest, self.tracker.block_size)])
+        if record.drafted:
+            priced = record.drafted if self._priced is None else self._priced
+            predicted += float(self.draft_seconds(rows)[priced])
+        measured = record.verify_seconds + record.draft_seconds
+        costs = self.tracker.memory.costs
+        costs.observe(bool(record.drafted), measured, predicted)
+        if record.probe and record.drafted and costs.drafting_rounds > costs.cold_rounds:
+            self._respace_probes(rows, measured)
+
+    def _respace_probes(self, rows: int, measured: float) -> None:
+        """After a probe: push the next one back until probes cost ≤ `probe_budget` of the time at this probe's
+        *measured* cost. The curves price the proposal, not the drafter's update over the context queued while it
+        was skipped (up to 64 slots of committed tokens), which a probe pays too; so a planned interval can be
+        too short, never lengthened here beyond `max_interval`. (The cold first drafting round is not used.)"""
+        plain = float(self.corrected_costs(rows)[0][0])
+        wanted = math.ceil((measured - plain) / max(self.probe_budget * plain, 1e-12))
+        memory = self.tracker.memory
+        memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
+
+    def plan(self, rows: list[Any], cap: Sequence[int] | torch.Tensor, draft_costs: torch.Tensor | None = None
+             ) -> DraftPlan:
+        """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify (host ints; a
+        device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
+        1 each; see `draft_or_decode`)."""
+        count, gamma = len(rows), self.tracker.block_size
+        cap = cap.detach().cpu() if isinstance(cap, torch.Tensor) else torch.tensor(list(cap), dtype=torch.long)
+        cap = cap.clamp(0, gamma)
+        shares = None if draft_costs is None else draft_costs.detach().cpu().to(torch.float64).clamp(0.0, 1.0)
+        costs = self.corrected_costs(count)
+        chosen, length = self._decide(rows, cap, costs, shares)
+        self._priced = None
+        memory = self.tracker.memory
+        if length > 0 or (memory.probe_verdict_due and bool((cap > 0).any())):
+            # The last probe's verdict (not while no row may draft at all), or any evidence that drafts pay.
+            memory.futile_probes = 0 if length > 0 else memory.futile_probes + 1
+            memory.probe_verdict_due = False
+        if length > 0:
+            memory.rounds_since_probe = 0
+            drafting = chosen.nonzero().flatten()
+            forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
+            self._priced = _priced_rows(chosen, shares)
+            return DraftPlan(
+                rows=drafting, length=length, batch_rows=count, forecast=forecast, priced_rows=self._priced
+            )
+        memory.rounds_since_probe += 1
+        due = not memory.observed or memory.rounds_since_probe >= self.probe_wait(memory)
+        if not due or not bool((cap > 0).any()):
+            return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
+        hopeful = torch.full((count, gamma), self.optimistic, dtype=torch.float64).cumprod(dim=-1)
+        chosen, length = draft_or_decode(self._expected(hopeful, cap), *costs, shares)
+        if length == 0:  # drafting would not pay even with good drafts: no probe needed
+            return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
+        memory.rounds_since_probe, memory.probe_verdict_due = 0, True
+        self._priced = _priced_rows(chosen, shares)
+        priced = int(chosen.sum()) if self._priced is None else self._priced
+        memory.probe_interval = self._interval(costs, priced, length)
+        return DraftPlan(
+            rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count, priced_rows=self._priced
+        )
+
+    def probe_wait(self, memory: AcceptanceMemory) -> int:
+        """Plain rounds before the next probe: the budgeted interval, doubled per futile probe in a row, at most
+        `max_interval` (never below `min_interval`, nor 1)."""
+        base = max(memory.probe_interval, self.min_interval, 1)
+        return int(min(base * 2 ** min(memory.futile_probes, 30), max(self.max_interval, self.min_interval)))
+
+    def _decide(self, rows: list[Any], cap: torch.Tensor, costs, shares=None) -> tuple[torch.Tensor, int]:
+        """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
+        run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
+        until their own evidence has faded)."""
+        memory = self.tracker.memory
+        key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, memory.trials.sum().item(), memory.costs.key())
+        key += (None if shares is None else tuple(shares.tolist()),)
+        if self._last is not None and self._last[0] == key:
+            return self._last[1]
+        decision = draft_or_decode(self._expected(self.tracker.survival(rows), cap), *costs, shares)
+        self._last = (key, decision)
+        return decision
+
+    @staticmethod
+    def _expected(survival: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
+        """E_r(L) = 1 + Σ_{j≤min(L, cap_r)} â_{r,j}, `[R, γ + 1]`."""
+        gamma = survival.shape[1]
+        allowed = torch.arange(1, gamma + 1)[None, :] <= cap[:, None]
+        gains = (survival * allowed).cumsum(dim=-1)
+        return torch.cat([torch.ones(survival.shape[0], 1, dtype=gains.dtype), 1.0 + gains], dim=1)
+
+    def _interval(self, costs: tuple[torch.Tensor, torch.Tensor], drafting: int, length: int) -> int:
+        """Rounds until the next probe so that probes cost ≤ probe_budget of the time (corrected `costs`)."""
+        verify, draft = costs
+        plain, probe = float(verify[0]), float(verify[length])
+        extra = probe - plain + float(draft[drafting])
+        wanted = math.ceil(extra / max(self.probe_budget * plain, 1e-12))
+        return int(min(max(wanted, self.min_interval), self.max_interval))
