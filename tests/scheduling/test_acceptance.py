@@ -5,6 +5,7 @@ import itertools
 import pytest
 import torch
 
+from hf_dspark.scheduling import PolicyMemory
 from hf_dspark.scheduling.acceptance import (
     PRIOR_CLIP,
     AcceptanceMemory,
@@ -12,7 +13,6 @@ from hf_dspark.scheduling.acceptance import (
     heldout_acceptance,
     observed_positions,
 )
-from hf_dspark.scheduling import PolicyMemory
 
 
 def test_observed_positions_censor_after_a_fully_accepted_prefix():

@@ -6,9 +6,9 @@ import itertools
 
 import torch
 
+from hf_dspark.scheduler import StepCurve
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
-from hf_dspark.scheduler import StepCurve
 
 GAMMA = 4
 ONE_SECOND = StepCurve([1, 4096], [1.0, 1.0])  # a verification forward: 1 s for any B

@@ -75,9 +75,9 @@ def _auto_explained(target, drafter, stats, greedy: bool) -> str:
     """How many rounds "auto" drafted, and what drafting can give one request on this machine (its cost curves and
     the drafter's held-out acceptance), so that a speedup near 1× explains itself."""
     from ..draft_profiling import load_or_profile_draft_curve
-    from ..scheduling.acceptance import heldout_acceptance
     from ..hardware import processor_signature
     from ..profiling import load_or_profile_step_curve
+    from ..scheduling.acceptance import heldout_acceptance
     from ..scheduling.padded import batch1_outlook, padded_verify_seconds
 
     drafted = f"'auto' drafted in {stats.rounds - stats.skipped_rounds} of {stats.rounds} rounds"

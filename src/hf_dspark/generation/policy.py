@@ -38,11 +38,11 @@ import torch
 from transformers.utils import logging
 
 from ..functional import prefix_survival
+from ..scheduling.acceptance import heldout_acceptance
 from ..scheduling.expectation import expected_tokens
 from ..scheduling.records import PolicySettings, ScheduleRecord
 from ..scheduling.registry import canonical_policy_name, get_policy
 from ..step_curve import StepCurve
-from ..scheduling.acceptance import heldout_acceptance
 from .options import DSparkGenerationOptions, validate_dspark_options
 from .transfer import HOST
 

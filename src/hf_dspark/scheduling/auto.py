@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from .acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker
-from .cost_policy import CostAwarePlanner
 from .base import BasePolicy
+from .cost_policy import CostAwarePlanner
 from .padded import sunk_cost_stop
 from .records import DraftPlan, PolicySettings
 

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .acceptance import AcceptanceMemory, AcceptanceTracker
 from .padded import draft_or_decode, padded_verify_seconds
 from .records import DraftPlan
-from .acceptance import AcceptanceMemory, AcceptanceTracker
 
 if TYPE_CHECKING:
     from ..generation.round import RoundRecord
