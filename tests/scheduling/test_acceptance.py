@@ -19,10 +19,18 @@ def test_observed_positions_censor_after_a_fully_accepted_prefix():
     seen, kept = observed_positions(torch.tensor([3, 3, 0, 2]), torch.tensor([1, 3, 0, 2]), block_size=4)
     # ℓ=3, m=1: positions 1 (kept) and 2 (the rejection) observed; ℓ=3, m=3: 1..3 kept, 4 censored;
     # ℓ=0: nothing; ℓ=2, m=2: 1..2 kept, 3..4 censored
-    assert seen.tolist() == [[True, True, False, False], [True, True, True, False], [False] * 4,
-                             [True, True, False, False]]
-    assert kept.tolist() == [[True, False, False, False], [True, True, True, False], [False] * 4,
-                             [True, True, False, False]]
+    assert seen.tolist() == [
+        [True, True, False, False],
+        [True, True, True, False],
+        [False] * 4,
+        [True, True, False, False],
+    ]
+    assert kept.tolist() == [
+        [True, False, False, False],
+        [True, True, True, False],
+        [False] * 4,
+        [True, True, False, False],
+    ]
 
 
 def test_tracker_estimates_per_request_with_the_pool_as_prior():
@@ -117,8 +125,12 @@ def test_heldout_acceptance_reads_the_drafter_config():
     from hf_dspark.configuration_dspark import DSparkConfig
 
     class Drafter:
-        config = DSparkConfig(block_size=2, num_target_layers=4, target_layer_ids=[1],
-                              heldout_acceptance={"greedy": [0.7, 0.8], "sampling": [0.3, 0.4]})
+        config = DSparkConfig(
+            block_size=2,
+            num_target_layers=4,
+            target_layer_ids=[1],
+            heldout_acceptance={"greedy": [0.7, 0.8], "sampling": [0.3, 0.4]},
+        )
 
     assert heldout_acceptance(Drafter(), greedy=True) == [0.7, 0.8]
     assert heldout_acceptance(Drafter(), greedy=False) == [0.3, 0.4]

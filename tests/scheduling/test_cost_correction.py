@@ -94,8 +94,18 @@ def test_drafting_switched_off_by_one_bad_measurement_comes_back():
     assert not planner.plan(["a", "b"], cap).drafts
 
 
-@pytest.mark.parametrize("bad", [{"weight": 0.0}, {"weight": 1.5}, {"prior_rounds": -1}, {"limit": 1.0},
-                                 {"cold_rounds": -1}, {"idle_grace": -1}, {"idle_relax": 1.5}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"weight": 0.0},
+        {"weight": 1.5},
+        {"prior_rounds": -1},
+        {"limit": 1.0},
+        {"cold_rounds": -1},
+        {"idle_grace": -1},
+        {"idle_relax": 1.5},
+    ],
+)
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError, match="CostCorrection needs"):
         CostCorrection(**bad)
@@ -110,8 +120,15 @@ def _planner(measured_costs: bool = True) -> CostAwarePlanner:
 
 def _record(drafted: int, seconds: float, draft_seconds: float = 0.0) -> RoundRecord:
     length = GAMMA if drafted else 0
-    return RoundRecord(["a", "b"], [length, length], [1, 1], [2, 2], drafted=drafted, verify_seconds=seconds,
-                       draft_seconds=draft_seconds)
+    return RoundRecord(
+        ["a", "b"],
+        [length, length],
+        [1, 1],
+        [2, 2],
+        drafted=drafted,
+        verify_seconds=seconds,
+        draft_seconds=draft_seconds,
+    )
 
 
 def test_drafting_that_costs_more_than_the_curves_say_is_declined():
@@ -155,11 +172,18 @@ def test_generate_feeds_every_round_to_the_correction_and_stays_identical(target
     drafter = make_drafter(target, block_size=GAMMA, seed=3)
     ids, mask = ragged_prompts(2, seed=4)
     reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24)
-    config = GenerationConfig(do_sample=False, max_new_tokens=24, dspark_policy="auto", dspark_step_curve=ONE_SECOND,
-                              dspark_draft_curve=HALF_SECOND, dspark_measured_costs=measured)
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=24,
+        dspark_policy="auto",
+        dspark_step_curve=ONE_SECOND,
+        dspark_draft_curve=HALF_SECOND,
+        dspark_measured_costs=measured,
+    )
     memory = PolicyMemory()
-    output = target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config,
-                             dspark_policy_memory=memory)
+    output = target.generate(
+        ids, attention_mask=mask, assistant_model=drafter, generation_config=config, dspark_policy_memory=memory
+    )
     assert torch.equal(output, reference)
     costs = memory.for_mode(GAMMA, greedy=True).costs
     rounds = drafter.last_generation_stats.rounds

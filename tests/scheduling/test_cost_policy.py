@@ -21,8 +21,15 @@ def _planner(rate: float) -> CostAwarePlanner:
     memory.trials = torch.full((GAMMA,), 1000.0, dtype=torch.float64)
     memory.successes = memory.trials * rate
     # A probe costs 0.1 s more than a plain round (the proposal): within a 1% budget, one per 10 rounds.
-    return CostAwarePlanner(AcceptanceTracker(GAMMA, memory), ONE_SECOND, TENTH, probe_budget=0.01,
-                            min_interval=4, max_interval=64, measured_costs=False)
+    return CostAwarePlanner(
+        AcceptanceTracker(GAMMA, memory),
+        ONE_SECOND,
+        TENTH,
+        probe_budget=0.01,
+        min_interval=4,
+        max_interval=64,
+        measured_costs=False,
+    )
 
 
 def _probe_rounds(planner: CostAwarePlanner, rounds: int) -> list[int]:

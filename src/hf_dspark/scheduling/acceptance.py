@@ -56,6 +56,7 @@ class AcceptanceMemory:
 INFORMED_PRIOR_WEIGHT = 8.0  # pseudo-trials of a measured held-out acceptance in the pool
 PRIOR_CLIP = 0.02  # prior rates are clipped to [PRIOR_CLIP, 1 − PRIOR_CLIP]
 
+
 def heldout_acceptance(drafter: Any, greedy: bool) -> list[float] | None:
     """The drafter's held-out conditional acceptance for this decoding mode (`DSparkConfig.acceptance_prior`), or
     None for drafters without one (never calibrated, or model-free)."""
@@ -63,8 +64,9 @@ def heldout_acceptance(drafter: Any, greedy: bool) -> list[float] | None:
     return prior(greedy) if callable(prior) else None
 
 
-def observed_positions(verify_len: torch.Tensor, accepted: torch.Tensor, block_size: int) -> tuple[torch.Tensor,
-                                                                                                      torch.Tensor]:
+def observed_positions(
+    verify_len: torch.Tensor, accepted: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(observed, accepted) bool `[R, γ]`: position j (1-based j = index + 1) is observed iff j ≤ min(m + 1, ℓ)."""
     positions = torch.arange(1, block_size + 1)[None, :]
     seen = positions <= torch.minimum(accepted + 1, verify_len)[:, None]
@@ -109,8 +111,9 @@ class AcceptanceTracker:
             raise ValueError("AcceptanceTracker needs prior_weight > 0 and pool_prior_weight > 0.")
         rates = [self.prior] if isinstance(self.prior, (int, float)) else list(self.prior)
         if len(rates) not in (1, self.block_size) or any(not 0.0 <= q <= 1.0 for q in rates):
-            raise ValueError(f"AcceptanceTracker prior must be one q or {self.block_size} rates in [0, 1], got "
-                             f"{self.prior}.")
+            raise ValueError(
+                f"AcceptanceTracker prior must be one q or {self.block_size} rates in [0, 1], got {self.prior}."
+            )
         # a prior rate of exactly 0 would never let the position be verified, hence never corrected
         self._centres = [min(max(float(q), PRIOR_CLIP), 1.0 - PRIOR_CLIP) for q in rates]
         self._counts = torch.zeros(1, 2, self.block_size, dtype=torch.float64)  # slot 0: never observed

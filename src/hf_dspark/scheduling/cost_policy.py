@@ -129,8 +129,9 @@ class CostAwarePlanner:
         memory = self.tracker.memory
         memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
 
-    def plan(self, rows: list[Any], cap: Sequence[int] | torch.Tensor, draft_costs: torch.Tensor | None = None
-             ) -> DraftPlan:
+    def plan(
+        self, rows: list[Any], cap: Sequence[int] | torch.Tensor, draft_costs: torch.Tensor | None = None
+    ) -> DraftPlan:
         """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify (host ints; a
         device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
         1 each; see `draft_or_decode`)."""
