@@ -89,3 +89,63 @@ def test_function_local_imports_are_edges():
 def test_hf_dspark_has_no_import_cycle():
     cycle = find_cycle(import_graph())
     assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
+
+
+def package_graph(graph: dict[str, set[str]], packages: tuple[str, ...]) -> dict[str, set[str]]:
+    """`graph` with every module of each of `packages` merged into one node named after the package."""
+
+    def node(module: str) -> str:
+        return next((p for p in packages if module == p or module.startswith(p + ".")), module)
+
+    merged: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        merged.setdefault(node(module), set()).update(node(t) for t in targets)
+    return {name: targets - {name} for name, targets in merged.items()}
+
+
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module `start` loads, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for child in graph[todo.pop()] - seen:
+            seen.add(child)
+            todo.append(child)
+    return seen
+
+
+SCHEDULING, GENERATION = "hf_dspark.scheduling", "hf_dspark.generation"
+
+
+def test_package_checker_finds_a_cycle_through_another_module():
+    graph = {"p.a": {"x"}, "x": {"q.b"}, "q.b": {"p.c"}, "p.c": set()}
+    assert find_cycle(graph) is None
+    assert find_cycle(package_graph(graph, ("p", "q"))) == ["p", "x", "q", "p"]
+
+
+def test_scheduling_and_generation_form_no_package_cycle():
+    """generation reads policies from scheduling; nothing scheduling loads, however indirectly, is in generation."""
+    graph = package_graph(import_graph(), (SCHEDULING, GENERATION))
+    assert SCHEDULING in reachable(graph, GENERATION)
+    assert GENERATION not in reachable(graph, SCHEDULING), (
+        f"package cycle: {' -> '.join(find_cycle({k: v for k, v in graph.items()}) or [])}"
+    )
+
+
+ABOVE_MODELING = (
+    "hf_dspark.generation",
+    "hf_dspark.interop",
+    "hf_dspark.scheduling",
+    "hf_dspark.proposers",
+    "hf_dspark.eval",
+    "hf_dspark.training",
+    "hf_dspark.cli",
+    "hf_dspark.profiling",
+)
+
+
+def test_modeling_dspark_imports_nothing_above_it():
+    """The drafter reaches loading, the Hub shim and `generate` routing through `drafter_hooks`, never by import."""
+    graph = import_graph()
+    above = sorted(m for m in reachable(graph, "hf_dspark.modeling_dspark") if m.startswith(ABOVE_MODELING))
+    assert above == [], f"hf_dspark.modeling_dspark loads {above}"
+    assert "hf_dspark" not in reachable(graph, "hf_dspark.modeling_dspark")

@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModel
 from .cache import DSparkDraftCache
 from .configuration_dspark import DSparkConfig
 from .defaults import load_default_drafter, load_default_target
+from .drafter_hooks import HOOKS
 from .modeling_dspark import DSparkDrafter, DSparkDrafterOutput, DSparkProposal
 
 __version__ = "0.1.0"
@@ -18,6 +19,38 @@ __version__ = "0.1.0"
 # Auto-class registration, as transformers' own model files do on import.
 AutoConfig.register("dspark", DSparkConfig, exist_ok=True)
 AutoModel.register(DSparkConfig, DSparkDrafter, exist_ok=True)
+
+
+# The drafter's calls into the layers above `modeling_dspark`, passed in here (imported on first use, to keep
+# `import hf_dspark` light): loading other layouts, the Hub shim, `generate` routing, the last call's statistics.
+def _load_drafter(*args, **kwargs):
+    from .interop.loading import load_drafter
+
+    return load_drafter(*args, **kwargs)
+
+
+def _add_remote_code(folder) -> None:
+    from .interop.hub import add_remote_code
+
+    add_remote_code(folder)
+
+
+def _enable_generate(target) -> None:
+    from .generation.dispatch import enable
+
+    enable(target)
+
+
+def _last_generation_stats(drafter):
+    from .generation.stats import last_generation_stats
+
+    return last_generation_stats(drafter)
+
+
+HOOKS.load_drafter = _load_drafter
+HOOKS.add_remote_code = _add_remote_code
+HOOKS.enable_generate = _enable_generate
+HOOKS.last_generation_stats = _last_generation_stats
 
 
 def __getattr__(name: str):

@@ -10,6 +10,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
+from .binding import unbound_assistant_error, validate_target_shape
 from .cache import DSparkDraftCache
 from .configuration_dspark import DSparkConfig
 from .draft_vocab import (
@@ -20,6 +21,7 @@ from .draft_vocab import (
     target_to_draft_index,
     token_ids_from_d2t,
 )
+from .drafter_hooks import HOOKS
 from .functional import calibrated_confidence, semi_autoregressive_logits
 from .heads import ConfidenceHead, MarkovHead, build_sequential_head
 from .io_utils import check_folder_path
@@ -105,30 +107,22 @@ class DSparkDrafter(DSparkPreTrainedModel):
         check_folder_path(save_directory, "save_pretrained")  # transformers only logs it, then returns
         result = super().save_pretrained(save_directory, *args, **kwargs)
         if kwargs.get("is_main_process", True):
-            from .interop.hub import add_remote_code
-
-            add_remote_code(save_directory)
+            HOOKS.get("add_remote_code")(save_directory)
         return result
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, target: nn.Module | None = None, **kw):
         """Load a drafter (native, or the serving-engine / DFlash layouts via `hf_dspark.interop`) and bind it."""
-        from .interop.loading import load_drafter  # local import: interop imports this module
-
-        return load_drafter(cls, pretrained_model_name_or_path, *args, target=target, **kw)
+        return HOOKS.get("load_drafter")(cls, pretrained_model_name_or_path, *args, target=target, **kw)
 
     def bind_target(self, target: PreTrainedModel) -> DSparkDrafter:
         """Share the target's frozen embedding and LM head; move to its device and dtype; enable DSpark generate."""
-        from .binding import validate_target_shape
-
         target = generating_model(target)
         validate_target_shape(self.config, target)
         embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self._bound = _BoundTarget(embed, lm_head, id(target), str(getattr(target, "name_or_path", "")))
         self.to(device=embed.weight.device, dtype=embed.weight.dtype)
-        from .generation import enable
-
-        enable(target)
+        HOOKS.get("enable_generate")(target)
         return self
 
     @property
@@ -141,14 +135,10 @@ class DSparkDrafter(DSparkPreTrainedModel):
     @property
     def last_generation_stats(self):
         """`DSparkGenerationStats` of the last DSpark `generate` call with this drafter (None before the first)."""
-        from .generation.stats import last_generation_stats
-
-        return last_generation_stats(self)
+        return HOOKS.get("last_generation_stats")(self)
 
     def __getattr__(self, name: str) -> Any:
         if name == "generation_config":  # read by transformers' stock assisted loop: the target is not DSpark-enabled
-            from .binding import unbound_assistant_error
-
             raise unbound_assistant_error(self)
         return super().__getattr__(name)
 
