@@ -17,7 +17,7 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("work started before the call was refused")
 
-    monkeypatch.setattr(loop, "policy_from_config", refuse)
+    monkeypatch.setattr(loop, "policy_from_options", refuse)
     return refuse
 
 

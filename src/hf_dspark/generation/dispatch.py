@@ -24,6 +24,7 @@ from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
 from .options import (
+    DSparkGenerationOptions,
     check_decoding_settings,
     check_left_padded,
     check_prompt_ids,
@@ -63,6 +64,11 @@ def _check_call_inputs(model, args, kwargs) -> None:
     check_decoding_settings(SimpleNamespace(**settings))
 
 
+def _options(generation_config) -> DSparkGenerationOptions:
+    """The typed `dspark_*` options of `generation_config` (checked; unset ones None)."""
+    return DSparkGenerationOptions.from_generation_config(generation_config)
+
+
 def _without_observers(model, generation_config):
     """(config to hand to transformers, the observers it held or None).
 
@@ -71,10 +77,10 @@ def _without_observers(model, generation_config):
     caller's own objects are put back on transformers' copy. Observers on the model's `generation_config` are
     refused: transformers merges that config into every call's by copying it.
     """
-    if getattr(model.generation_config, "dspark_observers", None) is not None:
+    if _options(model.generation_config).dspark_observers is not None:
         raise ValueError("dspark_observers on the model's generation_config would reach the loop as deep copies; "
                          "pass them per call: generate(..., dspark_observers=[...]).")
-    observers = getattr(generation_config, "dspark_observers", None)
+    observers = _options(generation_config).dspark_observers
     if observers is None:
         return generation_config, None
     shallow = copy.copy(generation_config)
@@ -89,7 +95,7 @@ def _dspark_subclass(cls: type) -> type:
     def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
                            synced_gpus=False, streamer=None, inputs_tensor=None, assistant_model=None,
                            assistant_tokenizer=None, tokenizer=None, **model_kwargs):
-        if is_draft_model(assistant_model) and not getattr(generation_config, "dspark_stock_loop", False):
+        if is_draft_model(assistant_model) and not _options(generation_config).dspark_stock_loop:
             check_left_padded(model_kwargs.get("attention_mask"))
             return dspark_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
                                    streamer=streamer, assistant_model=assistant_model, **model_kwargs)
@@ -172,7 +178,7 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
     if drafter is None:
         raise ValueError("dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, "
                          "drafter=drafter)")
-    if getattr(generation_config, "dspark_observers", None) is not None:
+    if _options(generation_config).dspark_observers is not None:
         raise ValueError("with custom_generate=dspark_generate, transformers deep-copies the generation config, so "
                          "its dspark_observers would be copies: pass generate(..., dspark_observers=[...]) instead.")
     if dspark_observers is not None:

@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.utils import logging
 
+from .options import DSparkGenerationOptions
 from .output_cache import dict_output
 from .packed_linear import linear_packs_for
-from .policy import policy_from_config
+from .policy import policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundKernel
@@ -59,13 +60,13 @@ class DSparkLoop:
         self.rows = RowState(input_ids, stopping_criteria, generation_config)
         self.streaming = CommitStreamer(streamer, self.rows)
         block_size = drafter.config.block_size
-        self.policy = policy_from_config(generation_config, block_size, target=model, drafter=drafter)
-        self.stats = DSparkGenerationStats(
-            batch, block_size, self.policy.name,
-            record_confidence=bool(getattr(generation_config, "dspark_record_confidence", False)),
-        )
-        observers = [self.stats, *(getattr(generation_config, "dspark_observers", None) or [])]
-        packs = linear_packs_for(model, getattr(generation_config, "dspark_packed_weights", None))
+        self.options = options = DSparkGenerationOptions.from_generation_config(generation_config)  # parsed once
+        self.policy = policy_from_options(options, block_size, greedy=not self.do_sample, target=model,
+                                          drafter=drafter)
+        self.stats = DSparkGenerationStats(batch, block_size, self.policy.name,
+                                           record_confidence=bool(options.dspark_record_confidence))
+        observers = [self.stats, *(options.dspark_observers or [])]
+        packs = linear_packs_for(model, options.dspark_packed_weights)
         self.stats.packed_weights = packs is not None
         self.kernel = RoundKernel(model, drafter, self.policy, self.processors, self.do_sample, observers,
                                   packs=packs)
