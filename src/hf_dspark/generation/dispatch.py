@@ -69,6 +69,12 @@ def _options(generation_config) -> DSparkGenerationOptions:
     return DSparkGenerationOptions.from_generation_config(generation_config)
 
 
+def _holds_observers(generation_config) -> bool:
+    """Whether `dspark_observers` is set on `generation_config` (whatever its value: where they would be copies,
+    any value is refused before it is checked)."""
+    return generation_config_options(generation_config).get("dspark_observers") is not None
+
+
 def _without_observers(model, generation_config):
     """(config to hand to transformers, the observers it held or None).
 
@@ -77,7 +83,7 @@ def _without_observers(model, generation_config):
     caller's own objects are put back on transformers' copy. Observers on the model's `generation_config` are
     refused: transformers merges that config into every call's by copying it.
     """
-    if _options(model.generation_config).dspark_observers is not None:
+    if _holds_observers(model.generation_config):
         raise ValueError("dspark_observers on the model's generation_config would reach the loop as deep copies; "
                          "pass them per call: generate(..., dspark_observers=[...]).")
     observers = _options(generation_config).dspark_observers
@@ -178,7 +184,7 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
     if drafter is None:
         raise ValueError("dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, "
                          "drafter=drafter)")
-    if _options(generation_config).dspark_observers is not None:
+    if _holds_observers(generation_config):
         raise ValueError("with custom_generate=dspark_generate, transformers deep-copies the generation config, so "
                          "its dspark_observers would be copies: pass generate(..., dspark_observers=[...]) instead.")
     if dspark_observers is not None:
