@@ -242,7 +242,7 @@ def run_plan_on_set(plan: Plan, set_name: str, items: list[dict], target, tokeni
             seed = _seed(config, plan.name, plan.verify_len, set_name, todo[0], turn)
             for i, record in zip(todo, generate_rows(target, tokenizer, plan, prompts, generation, seed)):
                 work.append(dict(drafter=plan.name, verify_len=plan.verify_len, role=plan.role, set=set_name,
-                                 prompt=i, turn=turn, **record))
+                                 prompt=i, turn=turn, call=todo, **record))
             bar.update(len(todo))
     bar.close()
 

@@ -2,7 +2,8 @@
 
 A record is reused on resume only when it was written with the same settings (`EvalConfig.fingerprint`) and by the
 same drafter (`drafter_identity`: a digest of its class, config and weights), so a drafter retrained under the same
-name is evaluated afresh.
+name is evaluated afresh. The records of one generate call are reused only when all of them were written: a call
+interrupted between its records is played again whole, with its own rows and seed.
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ class WorkFile:
                 elif expected is not None:
                     current.add(record["drafter"])
                 self.records[self.key(record)] = record
+        dropped = self._drop_incomplete_calls()
+        if dropped:
+            logger.warning(f"{self.path}: {dropped} record(s) of a generate call interrupted before all its records "
+                           "were written are played again with that call's rows and seed")
         if ignored:
             logger.warning(f"{self.path}: ignored {ignored} record(s) of other settings than {self.fingerprint}")
         for name, count in sorted(changed.items()):
@@ -102,6 +107,16 @@ class WorkFile:
         if legacy:
             logger.warning(f"{self.path}: the records of {sorted(legacy)} predate drafter identities and are reused "
                            "as if written by the drafters given now; pass --restart if any of them has changed since")
+
+    def _drop_incomplete_calls(self) -> int:
+        """Forget the records of a generate call whose rows (`record["call"]`: the prompt indices it played) were
+        not all written, so that the call is played again whole, with its own rows and seed, as an uninterrupted
+        run plays it (a batch's other rows and its seed change every sampled reply). Returns how many."""
+        incomplete = [key for key, record in self.records.items() if "call" in record and any(
+            self.key({**record, "prompt": prompt}) not in self.records for prompt in record["call"])]
+        for key in incomplete:
+            del self.records[key]
+        return len(incomplete)
 
     @staticmethod
     def key(record: dict) -> tuple:
