@@ -64,3 +64,32 @@ def test_positions_follow_commit_compact_select_and_add_rows():
     assert target.positions.shape == target.valid.shape == (2, 4)
     assert target.positions[0][target.valid[0]].tolist() == [0, 1, 2, 3]
     assert target.positions[1][target.valid[1]].tolist() == [0, 1]
+
+
+def _appended(rows: int, width: int, valid: torch.Tensor, steps: int) -> RaggedTargetCache:
+    """A cache whose last forward appended `steps` slots to every row (not committed yet)."""
+    target = RaggedTargetCache(_cache(rows, width), valid, valid.sum(dim=1), compact_min_holes=1, compact_fraction=0.1)
+    target.cache.layers[0].keys = torch.cat([target.cache.layers[0].keys, torch.zeros(rows, 1, steps, 1)], dim=2)
+    target.cache.layers[0].values = target.cache.layers[0].keys.clone()
+    target.valid = torch.cat([target.valid, torch.zeros(rows, steps, dtype=torch.bool)], dim=1)
+    target.positions = torch.cat([target.positions, target.next_position[:, None] + torch.arange(steps)], dim=1)
+    return target
+
+
+def test_compaction_is_decided_on_the_host_mirror_without_device_reads():
+    from hf_dspark.diagnostics import SyncCounter
+
+    valid = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    mirrored, unmirrored = _appended(2, 3, valid, 3), _appended(2, 3, valid, 3)
+    assert mirrored.host_counts == [2, 3]
+    with SyncCounter() as counter:
+        mirrored.commit_last(3, torch.tensor([1, 2]), [1, 2])
+        mirrored.select_rows(torch.tensor([1, 0]), [1, 0])
+    assert counter.total == 0, counter.events
+    assert mirrored.compactions == 1 and mirrored.host_counts == [5, 3]
+    unmirrored.commit_last(3, torch.tensor([1, 2]))  # no host counts: the mirror is dropped, the device is read
+    assert unmirrored.host_counts is None and unmirrored.compactions == 1
+    unmirrored.select_rows(torch.tensor([1, 0]))
+    assert torch.equal(mirrored.valid, unmirrored.valid) and mirrored.width == unmirrored.width == 5
+    assert unmirrored.longest() == 5
+    assert torch.equal(mirrored.cache.layers[0].keys, unmirrored.cache.layers[0].keys)

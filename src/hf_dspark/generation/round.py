@@ -88,7 +88,7 @@ class RoundBatch:
         index = upload(keep, self.anchor.device)
         self.rows = [self.rows[a] for a in keep]
         self.anchor = self.anchor.index_select(0, index)
-        self.target_cache.select_rows(index)
+        self.target_cache.select_rows(index, keep)
         if self.draft_cache is not None:
             self.draft_cache = self.draft_cache.select_rows(host_index)
         self.pending = [(None if f is None else f.index_select(0, index.to(f.device)), v.index_select(0, index),
@@ -214,7 +214,7 @@ class RoundKernel:
             record.committed.append(commit(a, [*row_drafts[:m], next_token], scores[a, : m + 1],
                                            out.logits[a, : m + 1]))
         kept_slots = 1 + accepted
-        batch.target_cache.commit_last(steps, kept_slots)
+        batch.target_cache.commit_last(steps, kept_slots, [1 + m for m in accepted_host])
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
             valid = torch.arange(steps, device=inputs.device)[None, :] < kept_slots[:, None]
             batch.pending.append((out.features, valid, [1 + m for m in accepted_host]))

@@ -191,13 +191,15 @@ class StaticTargetCache:
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1)[:, :steps] if tap_indices else None
         return VerifyOutput(out.logits[:, :steps].float(), features)
 
-    def commit_last(self, steps: int, kept: torch.Tensor) -> None:
-        """Row a keeps the first kept[a] slots of the last forward: its write offset moves by kept[a]."""
+    def commit_last(self, steps: int, kept: torch.Tensor, host_kept=None) -> None:
+        """Row a keeps the first kept[a] slots of the last forward: its write offset moves by kept[a] (`host_kept`:
+        unused, no compaction to decide)."""
         self.offset = self.offset + kept
         self.next_position = self.next_position + kept
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (indices into the current active set); each layer indexes on its own device."""
+    def select_rows(self, rows: torch.Tensor, host_rows=None) -> None:
+        """Keep only `rows` (indices into the current active set); each layer indexes on its own device
+        (`host_rows`: unused)."""
         for layer in self.cache.layers:
             index = rows.to(layer.device)
             layer.keys = layer.keys.index_select(0, index)

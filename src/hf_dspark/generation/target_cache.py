@@ -13,6 +13,7 @@ window. Plain `generate`'s sliding layers drop the entries these masks hide; hid
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -132,11 +133,14 @@ class RaggedTargetCache:
         next_position: `[A]` position of each row's next token.
         layout: the target's `AttentionLayout`; with sliding layers, forwards pass position-based 4D masks.
         positions: `[A, W]` slot positions (default: `slot_positions(valid)`, right for left-padded prompts).
+        host_counts: each row's valid slot count as host ints (default: read from `valid` once, here). The cache
+            keeps this mirror up to date while callers pass host counts (`commit_last`, `select_rows`), so the
+            compaction check reads nothing from the device.
     """
 
     def __init__(self, cache: DynamicCache, valid: torch.Tensor, next_position: torch.Tensor,
                  compact_fraction: float = 0.25, compact_min_holes: int = 16, layout: AttentionLayout | None = None,
-                 positions: torch.Tensor | None = None) -> None:
+                 positions: torch.Tensor | None = None, host_counts: Sequence[int] | None = None) -> None:
         for layer in cache.layers:
             if type(layer) is not DynamicLayer:
                 raise ValueError(
@@ -153,6 +157,9 @@ class RaggedTargetCache:
         self.compact_min_holes = compact_min_holes
         self.compactions = 0
         self.max_width = self.width
+        self.host_counts: list[int] | None = (
+            [int(n) for n in host_counts] if host_counts is not None else self.valid.sum(dim=1).tolist()
+        )
 
     @property
     def width(self) -> int:
@@ -183,16 +190,28 @@ class RaggedTargetCache:
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1) if tap_indices else None
         return VerifyOutput(out.logits.float(), features)
 
-    def commit_last(self, steps: int, kept: torch.Tensor) -> None:
-        """The last forward appended `steps` slots; row a keeps the first kept[a] of them."""
+    def commit_last(self, steps: int, kept: torch.Tensor, host_kept: Sequence[int] | None = None) -> None:
+        """The last forward appended `steps` slots; row a keeps the first kept[a] of them (`[A]` on the device;
+        `host_kept`, the same as host ints, keeps the host mirror of the valid counts, None drops it)."""
         new = torch.arange(steps, device=kept.device)[None, :] < kept[:, None]
         self.valid[:, -steps:] = new
         self.next_position = self.next_position + kept
+        if host_kept is None or self.host_counts is None:
+            self.host_counts = None
+        else:
+            self.host_counts = [have + int(n) for have, n in zip(self.host_counts, host_kept)]
         self.maybe_compact()
 
+    def longest(self) -> int:
+        """max_a (valid slots of row a): from the host mirror when kept, else one device read."""
+        if self.host_counts is not None:
+            return max(self.host_counts, default=0)
+        return int(self.valid.sum(dim=1).max()) if self.valid.shape[0] else 0
+
     def maybe_compact(self) -> None:
-        counts = self.valid.sum(dim=1)
-        longest = int(counts.max())
+        """Compact when the holes past the longest row reach `compact_min_holes` and `compact_fraction` of the
+        width (decided on the host mirror: no device read while it is kept)."""
+        longest = self.longest()
         holes = self.width - longest
         if holes >= self.compact_min_holes and holes >= self.compact_fraction * self.width:
             self.compact(longest)
@@ -201,7 +220,7 @@ class RaggedTargetCache:
         """Gather each row's valid entries into a left-padded cache of width max_a(valid count) (`new_width`, when
         the caller has it on the host)."""
         if new_width is None:
-            new_width = int(self.valid.sum(dim=1).max())
+            new_width = self.longest()
         # Stable order: invalid slots first, valid slots last, keeping the valid ones in their order.
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -new_width:]
         for layer in self.cache.layers:
@@ -212,14 +231,17 @@ class RaggedTargetCache:
         self.positions = self.positions.gather(1, order)
         self.compactions += 1
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep only `rows` (indices into the current active set)."""
+    def select_rows(self, rows: torch.Tensor, host_rows: Sequence[int] | None = None) -> None:
+        """Keep only `rows` (indices into the current active set); `host_rows`, the same as host ints, keeps the
+        host mirror of the valid counts (None drops it)."""
         for layer in self.cache.layers:
             layer.keys = layer.keys.index_select(0, rows)
             layer.values = layer.values.index_select(0, rows)
         self.valid = self.valid.index_select(0, rows)
         self.positions = self.positions.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)  # compaction: at the next commit's check
+        mirror = self.host_counts
+        self.host_counts = None if mirror is None or host_rows is None else [mirror[int(a)] for a in host_rows]
 
     def add_rows(self, other: RaggedTargetCache) -> None:
         """Append the rows of another cache (e.g. newly admitted requests), left-padding both to one width."""
@@ -237,3 +259,5 @@ class RaggedTargetCache:
         right = torch.nn.functional.pad(other.valid, (width - other.width, 0))
         self.valid = torch.cat([left, right])
         self.next_position = torch.cat([self.next_position, other.next_position])
+        mirrors = (self.host_counts, other.host_counts)
+        self.host_counts = None if None in mirrors else [*mirrors[0], *mirrors[1]]
