@@ -7,8 +7,9 @@ Each check runs before any forward pass, profiling or cache work, and names the 
 - RoPE scalings whose frequencies depend on the longest position of a forward (`dynamic` NTK, `longrope`), when
   the call can reach their threshold: a verification forward carries draft slots past the committed tokens, so
   it would cross the threshold at other steps than plain decoding and change every logit from there;
-- an offloaded static cache, a flash- or flex-attention target: fast paths the loop cannot use, refused rather
-  than silently replaced (`cache_implementation="static"` and `compile_config` take the static path);
+- an offloaded, quantized, paged or unknown `cache_implementation`, a flash- or flex-attention target: fast paths
+  the loop cannot use, refused rather than silently replaced (`"static"`, its aliases and `compile_config` take
+  the static path, `"dynamic"` and `"hybrid"` the dynamic one);
 - a target moved to another dtype or device after the drafter was bound: the drafter is re-bound (it follows the
   target, as binding made it do), instead of failing deep inside the loop on a dtype mismatch.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from transformers.utils import logging
+
+from .static_cache import STATIC_PATH_CACHES
 
 logger = logging.get_logger(__name__)
 
@@ -47,22 +50,49 @@ def check_decoding_method(generation_config) -> None:
         )
 
 
-# Static caches DSpark cannot honour: "offloaded_static" moves each layer to the CPU between forwards, which its
-# preallocated per-row buffers (`static_cache.StaticTargetCache`) do not implement. "static" is honoured.
-STATIC_CACHES = ("offloaded_static",)
+# Cache implementations DSpark honours as plain `generate` does: the default dynamic cache; the names transformers
+# builds a StaticCache for (`static_cache.STATIC_PATH_CACHES`: "static" and its deprecated aliases), verified on the
+# static path; "hybrid", which transformers unsets (dynamic). Every other name is refused (`cache_implementation_
+# refusal`).
+HONOURED_CACHES = ("dynamic", "hybrid", *STATIC_PATH_CACHES)
+CACHE_FIX = ("Drop cache_implementation (the default dynamic cache) or pass cache_implementation='static' (the "
+             "static-shape verification path).")
+
+
+def cache_implementation_refusal(implementation: str | None) -> str | None:
+    """Why DSpark cannot honour `cache_implementation=implementation` (with the fix), or None when it can."""
+    if implementation is None or implementation in HONOURED_CACHES:
+        return None
+    name = f"cache_implementation={implementation!r}"
+    if "offloaded" in implementation:
+        return (f"{name} moves each layer's keys and values to the CPU between forwards (offloading), which DSpark's "
+                f"ragged verification cache does not implement: its per-row buffers stay on the target's device. "
+                f"{CACHE_FIX}")
+    if implementation == "quantized":
+        return (f"{name} quantizes the keys and values plain generate attends to, while DSpark's verification cache "
+                "holds them at the target's precision, so the output would not be plain generate's. Drop "
+                "cache_implementation (the default dynamic cache), or generate without the DSpark assistant.")
+    if implementation == "paged":
+        return (f"{name} switches generate to continuous batching (generate_batch), which takes no assistant model. "
+                "For continuous batching with DSpark use hf_dspark.generation.engine.DSparkEngine; or drop "
+                "cache_implementation.")
+    return (f"{name} is not one DSpark knows (it honours {', '.join(map(repr, HONOURED_CACHES))}), so it cannot tell "
+            f"whether its verification would match plain generate. {CACHE_FIX}")
+
+
+def check_cache_implementation(implementation: str | None) -> None:
+    """Refuse a cache implementation DSpark cannot honour (`cache_implementation_refusal`)."""
+    reason = cache_implementation_refusal(implementation)
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def check_fast_paths(model, generation_config) -> None:
-    """Refuse the fast paths the loop cannot honour, instead of silently running without them: an offloaded static
-    cache, flash-attention kernels (varlen arguments are not passed) and flex attention (no BlockMask is built).
-    `cache_implementation="static"` and `compile_config` take the static path (`static_cache`)."""
-    implementation = getattr(generation_config, "cache_implementation", None)
-    if implementation in STATIC_CACHES:
-        raise ValueError(
-            f"cache_implementation={implementation!r} is not supported with the DSpark assistant: its preallocated "
-            "per-row verification buffers stay on the target's device. Pass cache_implementation='static' (the "
-            "static-shape verification path) or drop it."
-        )
+    """Refuse the fast paths the loop cannot honour, instead of silently running without them: offloaded, quantized,
+    paged or unknown caches (`cache_implementation_refusal`), flash-attention kernels (varlen arguments are not
+    passed) and flex attention (no BlockMask is built). `cache_implementation="static"`, its aliases and
+    `compile_config` take the static path (`static_cache`)."""
+    check_cache_implementation(getattr(generation_config, "cache_implementation", None))
     attention = getattr(model.config, "_attn_implementation", None) or ""
     if "flash" in attention:
         raise ValueError(

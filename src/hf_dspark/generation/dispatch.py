@@ -19,7 +19,7 @@ import copy
 from types import SimpleNamespace
 
 from ..binding import validate_target_shape
-from .call_checks import check_prompt_inputs
+from .call_checks import check_cache_implementation, check_prompt_inputs
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
@@ -59,6 +59,7 @@ def _check_call_inputs(model, args, kwargs) -> None:
     anything: an empty prompt, an `eos_token_id` that is not token ids, out-of-range sampling settings."""
     check_prompt_inputs(kwargs)  # soft prompts: before transformers prepares anything
     check_prompt_ids(args[0] if args else kwargs.get("inputs", kwargs.get("input_ids")))
+    check_cache_implementation(_requested(model, args, kwargs, "cache_implementation"))  # before it is built
     settings = {name: _requested(model, args, kwargs, name)
                 for name in ("eos_token_id", "do_sample", "temperature", "top_k", "top_p")}
     check_decoding_settings(SimpleNamespace(**settings))

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.generation import configuration_utils
 
 from .attention import packed_gqa_attention
 from .packed_linear import PackedLinears, packed_linears
@@ -214,16 +215,25 @@ class StaticTargetCache:
         )
 
 
+# The cache_implementation names for which transformers builds a (non-offloaded) StaticCache: "static" and its
+# deprecated aliases, whose layer structure StaticCache infers from the config as the static path does.
+STATIC_PATH_CACHES = tuple(
+    name for name in getattr(configuration_utils, "ALL_STATIC_CACHE_IMPLEMENTATIONS", ("static",))
+    if "offloaded" not in name
+)
+
+
 def static_plan(model, generation_config, block_size: int) -> StaticPlan | None:
     """The static path for this call, or None (ragged dynamic cache).
 
-    Taken when `cache_implementation="static"` or a `compile_config` is given. The verification forward is compiled
+    Taken when `cache_implementation="static"` (or an alias transformers builds the same cache for,
+    `STATIC_PATH_CACHES`) or a `compile_config` is given. The verification forward is compiled
     (`model.get_compiled_call(compile_config)`, per bucket shape) when a `compile_config` is given, or, as plain
     `generate` does, for a static cache on an accelerator; `disable_compile=True` keeps it eager.
     """
     implementation = getattr(generation_config, "cache_implementation", None)
     compile_config = getattr(generation_config, "compile_config", None)
-    if implementation != "static" and compile_config is None:
+    if implementation not in STATIC_PATH_CACHES and compile_config is None:
         return None
     compiled = None
     accelerator = model.device.type not in ("cpu", "meta", "mps")
