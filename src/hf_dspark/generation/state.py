@@ -166,7 +166,17 @@ class RowState:
         return out
 
     def step_scores(self, kind: str) -> tuple[torch.Tensor, ...]:
-        """Per generated step, `[B, V]`. Rows that had already finished get a one-hot pad distribution."""
+        """The kept per-step entries of one kind, stacked per generated step as plain `generate` returns them.
+
+        kind: `"scores"` (the processed scores each committed token was chosen from, `self.scores`) or `"logits"`
+        (the target's raw logits at that position, `self.logits`); kept only when `return_dict_in_generate` and
+        `output_scores` / `output_logits` are set. Returns T tensors, T the most tokens any row generated; step t is
+        `[B, V]` (B the original batch rows, every one holding at least its prefill token; V the target's
+        vocabulary; dtype and device of the kept entries): row r's entry for its t-th generated token. A row that
+        stopped before step t holds a placeholder, a one-hot pad distribution (0 at the pad id, -inf elsewhere),
+        which `output_cache.fill_finished_steps` replaces with plain `generate`'s entry (the target's logits on the
+        pad tokens fed after the stop, processed for scores).
+        """
         per_row = self.scores if kind == "scores" else self.logits
         steps = max(len(s) for s in per_row)
         vocab = next(s[0].shape[-1] for s in per_row if s)
