@@ -93,3 +93,34 @@ def test_compaction_is_decided_on_the_host_mirror_without_device_reads():
     assert torch.equal(mirrored.valid, unmirrored.valid) and mirrored.width == unmirrored.width == 5
     assert unmirrored.longest() == 5
     assert torch.equal(mirrored.cache.layers[0].keys, unmirrored.cache.layers[0].keys)
+
+
+class _IndexDevices(torch.overrides.TorchFunctionMode):
+    """Records (source device, index device) of every `gather` / `index_select` run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.gather, torch.gather, torch.Tensor.index_select, torch.index_select):
+            source, index = args[0], args[2]
+            self.calls.append((source.device, index.device))
+        return func(*args, **kwargs)
+
+
+def test_compact_and_select_rows_index_each_layer_on_its_own_device():
+    """A `device_map` puts layers on several devices: each layer is indexed with a copy on its keys' device."""
+    valid = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    target = _appended(2, 3, valid, 3)
+    keys = target.cache.layers[0].keys
+    target.cache.update(keys.to("meta"), keys.to("meta"), 1)  # a second layer on another device
+    with _IndexDevices() as calls:
+        target.commit_last(3, torch.tensor([1, 2]), [1, 2])  # compacts
+        target.select_rows(torch.tensor([1, 0]), [1, 0])
+    assert target.compactions == 1
+    assert calls.calls and all(source == index for source, index in calls.calls), calls.calls
+    cpu, meta = target.cache.layers
+    assert meta.keys.device.type == "meta" and meta.keys.shape == cpu.keys.shape == (2, 1, 5, 1)
+    assert cpu.keys[:, 0, :, 0].tolist() == [[3, 4, 5, 0, 0], [0, 0, 1, 2, 0]]

@@ -13,7 +13,7 @@ window. Plain `generate`'s sliding layers drop the entries these masks hide; hid
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -92,6 +92,19 @@ def new_target_cache(model) -> DynamicCache:
 def slot_positions(valid: torch.Tensor) -> torch.Tensor:
     """Positions of left-padded (or compacted) slots: pos = #valid slots before it; `[A, W]` → `[A, W]`."""
     return (valid.long().cumsum(dim=1) - 1).clamp_min(0)
+
+
+def on_devices(index: torch.Tensor) -> Callable[[torch.device], torch.Tensor]:
+    """`index` on a given device, copied once per device (without blocking) and reused: for caches whose layers a
+    `device_map` spreads over several devices."""
+    copies: dict[torch.device, torch.Tensor] = {index.device: index}
+
+    def on(device: torch.device) -> torch.Tensor:
+        if device not in copies:
+            copies[device] = index.to(device, non_blocking=True)
+        return copies[device]
+
+    return on
 
 
 def verification_masks(layout: AttentionLayout, key_valid: torch.Tensor, key_positions: torch.Tensor,
@@ -223,8 +236,10 @@ class RaggedTargetCache:
             new_width = self.longest()
         # Stable order: invalid slots first, valid slots last, keeping the valid ones in their order.
         order = torch.argsort(self.valid.to(torch.int8), dim=1, stable=True)[:, -new_width:]
+        order_on = on_devices(order)
         for layer in self.cache.layers:
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            index = order_on(layer.keys.device)[:, None, :, None]
+            index = index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
             layer.keys = layer.keys.gather(2, index)
             layer.values = layer.values.gather(2, index)
         self.valid = self.valid.gather(1, order)
@@ -234,9 +249,11 @@ class RaggedTargetCache:
     def select_rows(self, rows: torch.Tensor, host_rows: Sequence[int] | None = None) -> None:
         """Keep only `rows` (indices into the current active set); `host_rows`, the same as host ints, keeps the
         host mirror of the valid counts (None drops it)."""
+        rows_on = on_devices(rows)  # a device_map may spread the layers over several devices
         for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, rows)
-            layer.values = layer.values.index_select(0, rows)
+            index = rows_on(layer.keys.device)
+            layer.keys = layer.keys.index_select(0, index)
+            layer.values = layer.values.index_select(0, index)
         self.valid = self.valid.index_select(0, rows)
         self.positions = self.positions.index_select(0, rows)
         self.next_position = self.next_position.index_select(0, rows)  # compaction: at the next commit's check
