@@ -25,8 +25,10 @@ README = ROOT / "README.md"
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 SPEED_METHODS = {
-    "dspark_auto": "DSpark, `auto` (default)", "dspark": "DSpark, ℓ = γ", "dflash": "DFlash-style baseline, ℓ = γ",
-    "prompt_lookup": "prompt lookup", "oracle_g7": "oracle drafter, γ = 7",
+    "dspark_auto": "DSpark, `auto` (default)", "dspark": "DSpark, ℓ = γ",
+    "hybrid_auto": "hybrid (DSpark or prompt lookup per row), `auto`", "hybrid": "hybrid, ℓ = γ",
+    "dflash": "DFlash-style baseline, ℓ = γ", "prompt_lookup": "prompt lookup",
+    "lookup": "prompt lookup in the DSpark loop, ℓ = γ", "oracle_g7": "oracle drafter, γ = 7",
 }
 
 

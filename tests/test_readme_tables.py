@@ -58,3 +58,21 @@ def test_a_changed_number_is_caught(tmp_path, monkeypatch):
     first_ratio = text.index("×")
     readme.write_text(text[:first_ratio + 1] + "9" + text[first_ratio + 2:])
     assert tables.main(["--readme", str(readme), "--check"]) == 1
+
+
+def test_the_hybrid_rows_appear_beside_transformers_prompt_lookup(tmp_path, monkeypatch):
+    tables = _tables()
+    folder = tmp_path / "benchmarks" / "results" / "x86_64--AVX2"
+    folder.mkdir(parents=True)
+    report = json.loads((ROOT / "benchmarks/results/x86_64--AVX2/speed.json").read_text())
+    for cells in report["results"].values():
+        cells["hybrid"] = {**cells["dspark"], "median_ratio_to_plain": 1.25, "mean_accepted_length": 2.5}
+        cells["hybrid_auto"] = {**cells["dspark"], "median_ratio_to_plain": 1.5, "mean_accepted_length": 3.0}
+    (folder / "speed.json").write_text(json.dumps(report))
+    monkeypatch.setattr(tables, "ROOT", tmp_path)
+    monkeypatch.setattr(tables, "RESULTS", tmp_path / "benchmarks" / "results")
+    lines = tables.speed_table()
+    labels = [line.split(" | ")[1] for line in lines if line.startswith("| `")]
+    assert labels.index("hybrid (DSpark or prompt lookup per row), `auto`") < labels.index("prompt lookup")
+    hybrid = next(line for line in lines if "| hybrid, ℓ = γ |" in line)
+    assert hybrid.count("×1.25 (τ 2.50)") == len(report["results"])

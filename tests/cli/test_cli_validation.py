@@ -87,6 +87,8 @@ def test_bench_speed_validates_before_loading(prompt_file, capsys, no_model_load
     assert "--sets: no such file(s): missing.jsonl" in err
     err = _usage_error(["bench", "speed", "--sets", prompt_file, "--scheduler", "lagged_paded"], capsys)
     assert "--scheduler 'lagged_paded' is not a dspark_policy" in err
+    err = _usage_error(["bench", "speed", "--sets", prompt_file, "--methods", "hybrid", "hybird"], capsys)
+    assert "--methods: invalid choice: 'hybird'" in err
 
 
 @pytest.mark.parametrize("command", ["speed", "serve"])

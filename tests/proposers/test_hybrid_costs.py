@@ -94,3 +94,15 @@ def test_the_dspark_context_waits_for_its_proposal_and_is_then_complete():
     cache.flush()
     assert not cache.queued
     _assert_row_context(target, drafter, cache.inner, 0, prompt, engine.result(rid).generated)
+
+
+def test_the_hybrid_prices_its_dspark_rows_at_the_drafters_own_curve():
+    from hf_dspark.draft_profiling import load_or_profile_draft_curve
+
+    target = make_target("llama", seed=21, eos_token_id=None)
+    drafter = make_drafter(target, block_size=GAMMA)
+    hybrid = hybrid_for(drafter, "prompt-lookup")
+    curve = hybrid.draft_curve  # looked up (here profiled once) as generate does for the drafter alone
+    assert curve is not None
+    assert curve.to_dict() == load_or_profile_draft_curve(drafter, progress=False).to_dict()
+    assert hybrid_for(drafter, "prompt-lookup", draft_curve=DEAR).draft_curve is DEAR

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import random
 
+from ..eval.speed import DEFAULT_SPEED_METHODS, SPEED_METHOD_CHOICES
 from .loaders import (
     add_runtime_arguments,
     load_baseline,
@@ -46,7 +47,7 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
         config = SpeedConfig(prompt_files=args.sets, num_prompts=args.prompts, max_new_tokens=args.max_new_tokens,
                              repeats=args.repeats, block_sizes=args.block_sizes, threads=args.threads,
                              drafter=args.drafter, baseline=args.baseline, scheduler=scheduler, out=args.out,
-                             overwrite=args.overwrite, unpacked=args.unpacked)
+                             overwrite=args.overwrite, unpacked=args.unpacked, methods=args.methods)
     except ValueError as error:
         args.parser.error(str(error))
     torch.set_num_threads(args.threads)
@@ -58,13 +59,25 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
         baseline, what = load_baseline(target, args.baseline)
         print(f"dflash method uses {what}")
     report = run_speed_benchmark(config, target, tokenizer, drafter, baseline)
-    for set_name, methods in report["results"].items():
-        print(f"\n{set_name} (median tokens/s, median ratio to plain, τ):")
-        for name, row in methods.items():
-            tau = "" if row["mean_accepted_length"] is None else f"  τ={row['mean_accepted_length']:.2f}"
-            print(f"  {name:16s} {row['median_tokens_per_second']:7.2f}  x{row['median_ratio_to_plain']:.2f}{tau}")
+    _print_speed(report)
     print(f"\nwrote {args.out} and {args.out.rsplit('.', 1)[0]}.png")
     return 0
+
+
+def _print_speed(report: dict) -> None:
+    """Per set and method: median tokens/s, median paired ratio to plain [interquartile range], τ, identity."""
+    for set_name, methods in report["results"].items():
+        print(f"\n{set_name} (median tokens/s, median ratio to plain [IQR], τ):")
+        for name, row in methods.items():
+            tau = "" if row["mean_accepted_length"] is None else f"  τ={row['mean_accepted_length']:.2f}"
+            low, high = row.get("ratio_interquartile_range", (row["median_ratio_to_plain"],) * 2)
+            same = "" if row["all_outputs_identical_to_plain"] else "  OUTPUT DIFFERS FROM PLAIN"
+            print(f"  {name:16s} {row['median_tokens_per_second']:7.2f}  x{row['median_ratio_to_plain']:.2f} "
+                  f"[{low:.2f}, {high:.2f}]{tau}{same}")
+    if report.get("macro"):
+        print("\nmacro (mean over sets of the median ratios to plain):")
+        for name, row in report["macro"].items():
+            print(f"  {name:16s} x{row['mean_of_median_ratios_to_plain']:.2f}")
 
 
 def _serve_user_turns(parser: argparse.ArgumentParser, sets: list[str], per_set: int) -> list[str]:
@@ -125,9 +138,11 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
 def _add_speed_command(bench) -> None:
     speed = bench.add_parser(
-        "speed", help="batch-1 tokens/s: plain, prompt lookup, baseline, DSpark (fixed / scheduler), oracle",
-        description="Batch-1 tokens/s of plain decoding, prompt lookup, the DFlash-style baseline, DSpark at ℓ = γ "
-        "and with a scheduler policy, and the oracle drafter, on the embedded default target.",
+        "speed", help="batch-1 tokens/s: plain, prompt lookup, baseline, DSpark, the hybrid, oracle",
+        description="Batch-1 tokens/s of plain decoding, transformers' prompt lookup, the DFlash-style baseline, "
+        "DSpark at ℓ = γ, with a scheduler policy and with auto, the hybrid drafter (DSpark or prompt lookup per "
+        "row and round) at ℓ = γ and with auto, and the oracle drafter, on the embedded default target; every "
+        "method timed interleaved with plain, its output checked against plain greedy's.",
     )
     speed.add_argument("--sets", nargs="+", default=SPEED_SETS, help="JSONL prompt sets")
     speed.add_argument("--prompts", type=positive_int, default=3, help="prompts per set")
@@ -140,6 +155,13 @@ def _add_speed_command(bench) -> None:
     speed.add_argument("--baseline", default=None, help="DFlash-style baseline folder (default: the shipped one)")
     speed.add_argument("--scheduler", default="lagged_padded",
                        help="policy of the extra dspark_<policy> run (a dspark_policy value; 'none' skips it)")
+    speed.add_argument("--methods", nargs="+", choices=SPEED_METHOD_CHOICES, default=list(DEFAULT_SPEED_METHODS),
+                       metavar="METHOD",
+                       help="what runs beside plain generate, each timed interleaved with it: prompt_lookup "
+                       "(transformers' prompt_lookup_num_tokens), lookup (this package's prompt lookup in the DSpark "
+                       "loop), dflash, dspark (ℓ = γ), scheduler (dspark_<--scheduler>), dspark_auto, hybrid (DSpark "
+                       "or prompt lookup per row and round, ℓ = γ), hybrid_auto, oracle (default: "
+                       f"{' '.join(DEFAULT_SPEED_METHODS)})")
     speed.add_argument("--no-drafter", action="store_true", help="only plain, prompt lookup and the oracle")
     speed.add_argument("--unpacked", action="store_true",
                        help="also run DSpark (fixed and auto) with dspark_packed_weights=False, to see what verifying "

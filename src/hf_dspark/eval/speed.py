@@ -1,8 +1,12 @@
-"""Batch-1 wall-clock benchmark: plain generate, prompt lookup, the DFlash-style baseline, DSpark at fixed γ and
-DSpark with the load-aware scheduler (and the oracle ceiling).
+"""Batch-1 wall-clock benchmark: plain generate, transformers' prompt lookup (`prompt_lookup_num_tokens`), the
+DFlash-style baseline, DSpark at fixed γ, with a scheduler policy and with "auto", the hybrid drafter (DSpark or
+prompt lookup chosen per round, `hybrid_for`) at fixed γ and with "auto", and the oracle ceiling.
 
-Every method runs on the same prompts in one process, interleaved within each repeat so machine noise hits all
-of them alike; the report gives median tokens/s per method and the median of per-prompt paired ratios to plain.
+Every method runs on the same prompts in one process, interleaved with plain within each repeat so machine noise
+hits all of them alike; every output is compared with plain greedy's. The report gives median tokens/s per method,
+the median of the per-prompt paired ratios to plain with their interquartile range, and a macro ratio over sets.
+Methods with "auto" keep one `PolicyMemory` each across the whole run, so they learn across prompts as a server
+would.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
@@ -19,12 +24,18 @@ from transformers.utils import logging
 
 from ..io_utils import check_replaceable, write_json_atomic
 from ..provenance import result_provenance
+from ..scheduling import PolicyMemory
 from .oracle import oracle_for
 from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
 
 logger = logging.get_logger(__name__)
 
 SPEED_REPORT_KEYS = ("config", "cpu_count", "results", "runs")  # of every speed report (`summarise`), no serve report
+# what `methods` may select ("scheduler": dspark_<scheduler>; "oracle": every oracle_g<γ>[_auto]); plain always runs
+SPEED_METHOD_CHOICES = ("prompt_lookup", "lookup", "dflash", "dspark", "scheduler", "dspark_auto", "hybrid",
+                        "hybrid_auto", "oracle")
+DEFAULT_SPEED_METHODS = ("prompt_lookup", "dflash", "dspark", "scheduler", "dspark_auto", "hybrid", "hybrid_auto",
+                         "oracle")
 
 
 @dataclass
@@ -46,6 +57,11 @@ class SpeedConfig:
         (`untrained`, `untrained_auto`): the worst case a default policy must survive.
     unpacked: also run the DSpark drafter, fixed ℓ = γ and auto, with `dspark_packed_weights=False`
         (`dspark_unpacked`, `dspark_auto_unpacked`): what verifying on packed weights gives, side by side.
+    methods: what runs beside plain (`SPEED_METHOD_CHOICES`): prompt_lookup (transformers'
+        `prompt_lookup_num_tokens`), lookup (this package's `PromptLookupProposer` in the DSpark loop, ℓ = γ),
+        dflash, dspark (ℓ = γ), scheduler (`dspark_<scheduler>`), dspark_auto, hybrid (the DSpark drafter and
+        prompt lookup chosen per row and round, ℓ = γ), hybrid_auto (the hybrid with "auto"), oracle. Methods
+        that need a drafter are skipped without one; `auto`, `untrained` and `unpacked` still add their runs.
     out: JSON result path (a PNG plot is written beside it). An existing file there must be an earlier speed report
         (it is replaced) unless `overwrite`.
     overwrite: replace an existing `out` that is not an `hf-dspark bench speed` report.
@@ -64,6 +80,7 @@ class SpeedConfig:
     auto: bool = True
     untrained: bool = False
     unpacked: bool = False
+    methods: list[str] = field(default_factory=lambda: list(DEFAULT_SPEED_METHODS))
     out: str = "benchmarks/results/speed.json"
     overwrite: bool = False
 
@@ -71,6 +88,9 @@ class SpeedConfig:
         check_prompt_files(self.prompt_files)
         if self.num_prompts < 1 or self.repeats < 1 or self.max_new_tokens < 1:
             raise ValueError("num_prompts, repeats and max_new_tokens must be >= 1")
+        unknown = [m for m in self.methods if m not in SPEED_METHOD_CHOICES]
+        if unknown:
+            raise ValueError(f"unknown speed methods {unknown}; choose from {list(SPEED_METHOD_CHOICES)}")
         check_replaceable(self.out, SPEED_REPORT_KEYS, "an hf-dspark bench speed report", self.overwrite)
 
 
@@ -81,99 +101,159 @@ def timed(fn) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def _generate(target, input_ids, drafter, common, **policy):
-    return lambda: target.generate(input_ids, assistant_model=drafter, **policy, **common)
+@dataclass
+class SpeedDrafters:
+    """The drafters of one run: the DSpark drafter, the DFlash-style baseline, an untrained drafter, the hybrid of
+    the DSpark drafter with prompt lookup and this package's prompt-lookup proposer (each None when not run)."""
+
+    drafter: Any = None
+    baseline: Any = None
+    untrained: Any = None
+    hybrid: Any = None
+    lookup: Any = None
 
 
-def _methods(target, input_ids, reference, config: SpeedConfig, drafter, baseline=None, step_curve=None,
-             untrained=None):
-    mask = torch.ones_like(input_ids)
-    common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
-    curve = {"dspark_step_curve": step_curve} if step_curve is not None else {}
-    methods = {
-        "plain": (lambda: target.generate(input_ids, **common), None),
-        "prompt_lookup": (
-            lambda: target.generate(input_ids, prompt_lookup_num_tokens=config.prompt_lookup_tokens, **common),
-            None,
-        ),
-    }
-    if baseline is not None:
-        methods["dflash"] = (_generate(target, input_ids, baseline, common, dspark_policy="fixed"), baseline)
-    if drafter is not None:
-        methods["dspark"] = (_generate(target, input_ids, drafter, common, dspark_policy="fixed"), drafter)
-        if config.scheduler and drafter.confidence_head is not None:
-            methods[f"dspark_{config.scheduler}"] = (
-                _generate(target, input_ids, drafter, common, dspark_policy=config.scheduler, **curve), drafter
-            )
-        if config.auto:
-            methods["dspark_auto"] = (_generate(target, input_ids, drafter, common, dspark_policy="auto", **curve),
-                                      drafter)
-        if config.unpacked:
-            off = dict(dspark_packed_weights=False)
-            methods["dspark_unpacked"] = (_generate(target, input_ids, drafter, common, dspark_policy="fixed", **off),
-                                          drafter)
-            methods["dspark_auto_unpacked"] = (
-                _generate(target, input_ids, drafter, common, dspark_policy="auto", **off), drafter)
-    if untrained is not None:
-        methods["untrained"] = (_generate(target, input_ids, untrained, common, dspark_policy="fixed"), untrained)
-        methods["untrained_auto"] = (
-            _generate(target, input_ids, untrained, common, dspark_policy="auto", **curve), untrained
-        )
-    for gamma in config.block_sizes:
-        oracle = oracle_for(target, gamma, reference, mask)
-        methods[f"oracle_g{gamma}"] = (_generate(target, input_ids, oracle, common, dspark_policy="fixed"), oracle)
-        if config.auto:
-            methods[f"oracle_g{gamma}_auto"] = (
-                _generate(target, input_ids, oracle, common, dspark_policy="auto", **curve), oracle
-            )
-    return methods
+def speed_drafters(config: SpeedConfig, target, drafter=None, baseline=None) -> SpeedDrafters:
+    """The `SpeedDrafters` that `config` asks for, built around `drafter` (bound to `target`)."""
+    from ..proposers import hybrid_for, prompt_lookup_for
 
-
-def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None, baseline=None, step_curve=None) -> dict:
-    """Run the benchmark; returns (and writes) the JSON report. `step_curve` overrides the scheduler's curve."""
-    torch.set_num_threads(config.threads)
-    untrained = None
+    untrained = hybrid = None
     if config.untrained and drafter is not None:
         from ..modeling_dspark import DSparkDrafter
 
         torch.manual_seed(0)
         untrained = DSparkDrafter(drafter.config).eval().bind_target(target)
+    if drafter is not None and {"hybrid", "hybrid_auto"} & set(config.methods):
+        hybrid = hybrid_for(drafter, "prompt-lookup")
+    lookup = None
+    if "lookup" in config.methods:
+        lookup = prompt_lookup_for(target, drafter.config.block_size if drafter is not None else 7)
+    return SpeedDrafters(drafter, baseline, untrained, hybrid, lookup)
+
+
+def selected(name: str, config: SpeedConfig) -> bool:
+    """Whether method `name` runs under `config.methods` (plain always; untrained / unpacked follow their flags)."""
+    if name == "plain" or name.startswith("untrained") or name.endswith("_unpacked"):
+        return True
+    if name.startswith("oracle_g"):
+        return "oracle" in config.methods
+    if config.scheduler and name == f"dspark_{config.scheduler}" and name != "dspark_auto":
+        return "scheduler" in config.methods
+    return name in config.methods
+
+
+class _MethodBuilder:
+    """`generate` closures of one prompt: (fn, drafter or None) per method; "auto" ones share `memories[name]`."""
+
+    def __init__(self, target, input_ids, config: SpeedConfig, memories: dict, step_curve=None) -> None:
+        self.target, self.input_ids, self.memories = target, input_ids, memories
+        self.common = dict(do_sample=False, max_new_tokens=config.max_new_tokens,
+                           min_new_tokens=config.max_new_tokens)
+        self.curve = {"dspark_step_curve": step_curve} if step_curve is not None else {}
+
+    def run(self, drafter, **options):
+        return lambda: self.target.generate(self.input_ids, assistant_model=drafter, **options, **self.common), drafter
+
+    def fixed(self, drafter, **options):
+        return self.run(drafter, dspark_policy="fixed", **options)
+
+    def policy(self, drafter, policy: str):
+        return self.run(drafter, dspark_policy=policy, **self.curve)
+
+    def auto(self, name: str, drafter, **options):
+        memory = self.memories.setdefault(name, PolicyMemory())
+        return self.run(drafter, dspark_policy="auto", dspark_policy_memory=memory, **self.curve, **options)
+
+    def plain(self, **options):
+        return lambda: self.target.generate(self.input_ids, **options, **self.common), None
+
+
+def _methods(build: _MethodBuilder, reference, config: SpeedConfig, drafters: SpeedDrafters) -> dict:
+    """Every method of one prompt that `config` selects, in run order: name -> (fn, drafter or None)."""
+    methods = {"plain": build.plain(),
+               "prompt_lookup": build.plain(prompt_lookup_num_tokens=config.prompt_lookup_tokens)}
+    if drafters.lookup is not None:
+        methods["lookup"] = build.fixed(drafters.lookup)
+    if drafters.baseline is not None:
+        methods["dflash"] = build.fixed(drafters.baseline)
+    drafter = drafters.drafter
+    if drafter is not None:
+        methods["dspark"] = build.fixed(drafter)
+        if config.scheduler and drafter.confidence_head is not None:
+            methods[f"dspark_{config.scheduler}"] = build.policy(drafter, config.scheduler)
+        if config.auto:
+            methods["dspark_auto"] = build.auto("dspark_auto", drafter)
+        if config.unpacked:
+            methods["dspark_unpacked"] = build.fixed(drafter, dspark_packed_weights=False)
+            methods["dspark_auto_unpacked"] = build.auto("dspark_auto_unpacked", drafter, dspark_packed_weights=False)
+    if drafters.hybrid is not None:
+        methods["hybrid"] = build.fixed(drafters.hybrid)
+        methods["hybrid_auto"] = build.auto("hybrid_auto", drafters.hybrid)
+    if drafters.untrained is not None:
+        methods["untrained"] = build.fixed(drafters.untrained)
+        methods["untrained_auto"] = build.auto("untrained_auto", drafters.untrained)
+    if "oracle" in config.methods:
+        mask = torch.ones_like(build.input_ids)
+        for gamma in config.block_sizes:
+            oracle = oracle_for(build.target, gamma, reference, mask)
+            methods[f"oracle_g{gamma}"] = build.fixed(oracle)
+            if config.auto:
+                methods[f"oracle_g{gamma}_auto"] = build.auto(f"oracle_g{gamma}_auto", oracle)
+    return {name: method for name, method in methods.items() if selected(name, config)}
+
+
+def _timed_row(fn, owner, input_ids, reference) -> dict:
+    """One timed run: seconds, tokens/s, the drafter's statistics and whether the output equals plain greedy's."""
+    counts = list(getattr(owner, "source_counts", ()) or ())
+    seconds, out = timed(fn)
+    new = out.shape[1] - input_ids.shape[1]
+    stats = owner.last_generation_stats if owner is not None else None
+    row = dict(seconds=seconds, new_tokens=new, tokens_per_second=new / seconds,
+               accepted_length=stats.mean_accepted_length if stats else None,
+               policy_seconds=stats.policy_seconds if stats else None,
+               skipped_rounds=stats.skipped_rounds if stats else None,
+               rounds=stats.rounds if stats else None,
+               identical=bool(torch.equal(out, reference)))
+    if counts:  # the hybrid: the share of its row-proposals that came from prompt lookup
+        dspark, lookup = (after - before for after, before in zip(owner.source_counts, counts))
+        row["lookup_share"] = lookup / max(dspark + lookup, 1)
+    return row
+
+
+def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None, baseline=None, step_curve=None) -> dict:
+    """Run the benchmark; returns (and writes) the JSON report. `step_curve` overrides the scheduler's curve."""
+    torch.set_num_threads(config.threads)
+    drafters = speed_drafters(config, target, drafter, baseline)
+    memories: dict[str, PolicyMemory] = {}  # one per "auto" method, shared across every prompt and set
     rows: list[dict] = []
     for path in config.prompt_files:
         set_name = Path(path).stem
         prompts = load_prompt_set(path)[: config.num_prompts]
         for index, item in enumerate(tqdm(prompts, desc=f"speed {set_name}")):
             input_ids = chat_input_ids(tokenizer, [item["turns"][0]]).to(target.device)
-            common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
-            reference = target.generate(input_ids, **common)  # warm-up and the oracle's reference
-            methods = _methods(target, input_ids, reference, config, drafter, baseline, step_curve, untrained)
+            build = _MethodBuilder(target, input_ids, config, memories, step_curve)
+            reference = build.plain()[0]()  # warm-up and the oracle's reference
+            methods = _methods(build, reference, config, drafters)
             for fn, _ in methods.values():  # warm-up every method once
                 fn()
             for repeat in range(config.repeats):
                 for name, (fn, owner) in methods.items():
-                    seconds, out = timed(fn)
-                    new = out.shape[1] - input_ids.shape[1]
-                    stats = owner.last_generation_stats if owner is not None else None
-                    rows.append(dict(set=set_name, prompt=index, repeat=repeat, method=name, seconds=seconds,
-                                     new_tokens=new, tokens_per_second=new / seconds,
-                                     accepted_length=stats.mean_accepted_length if stats else None,
-                                     policy_seconds=stats.policy_seconds if stats else None,
-                                     skipped_rounds=stats.skipped_rounds if stats else None,
-                                     rounds=stats.rounds if stats else None,
-                                     identical=bool(torch.equal(out, reference))))
+                    rows.append(dict(set=set_name, prompt=index, repeat=repeat, method=name,
+                                     **_timed_row(fn, owner, input_ids, reference)))
     report = summarise(rows, config)
     _write(report, config.out)
     return report
 
 
 def _method_order(name: str) -> tuple[int, int, str]:
-    order = {"plain": 0, "prompt_lookup": 1, "dflash": 2, "dspark": 3, "untrained": 5, "untrained_auto": 6}
+    order = {"plain": 0, "prompt_lookup": 1, "lookup": 2, "dflash": 3, "dspark": 4, "hybrid": 6, "hybrid_auto": 7,
+             "untrained": 8, "untrained_auto": 9}
     if name in order:
         return order[name], 0, name
     if name.startswith("dspark_"):
-        return 4, 0, name
+        return 5, 0, name
     gamma = name.split("_g", 1)[1].split("_", 1)[0] if "_g" in name else "0"
-    return 7, int(gamma), name
+    return 10, int(gamma), name
 
 
 def _policy_summary(runs: list[dict]) -> dict[str, float]:
@@ -185,27 +265,46 @@ def _policy_summary(runs: list[dict]) -> dict[str, float]:
             "policy_share_of_time": sum(r["policy_seconds"] for r in runs) / sum(r["seconds"] for r in runs)}
 
 
+def ratio_spread(ratios: list[float]) -> dict:
+    """The median of paired ratios with its spread: interquartile range [q1, q3], min, max and the pair count."""
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
+    return {"median_ratio_to_plain": statistics.median(ratios), "ratio_interquartile_range": [q1, q3],
+            "ratio_min": min(ratios), "ratio_max": max(ratios), "pairs": len(ratios)}
+
+
+def _method_summary(mine: list[dict], base: dict) -> dict:
+    """One (set, method) cell: median tokens/s, τ, paired ratios to plain with spread, identity, policy shares."""
+    ratios = [r["tokens_per_second"] / base[(r["prompt"], r["repeat"])] for r in mine]
+    taus = [r["accepted_length"] for r in mine if r["accepted_length"] is not None]
+    shares = [r["lookup_share"] for r in mine if "lookup_share" in r]
+    cell = {"median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in mine),
+            "mean_accepted_length": statistics.mean(taus) if taus else None,
+            **ratio_spread(ratios),
+            "all_outputs_identical_to_plain": all(r["identical"] for r in mine),
+            **_policy_summary(mine)}
+    if shares:
+        cell["lookup_share"] = statistics.mean(shares)
+    return cell
+
+
 def summarise(rows: list[dict], config: SpeedConfig) -> dict:
+    """The report: per set and method a `_method_summary` cell, and per method the macro (mean over sets) of the
+    median paired ratios to plain, with whether every set's outputs were identical."""
     methods = sorted({r["method"] for r in rows}, key=_method_order)
     sets = sorted({r["set"] for r in rows})
-    table: dict[str, dict[str, dict[str, float]]] = {}
+    table: dict[str, dict[str, dict]] = {}
     for set_name in sets:
-        table[set_name] = {}
         base = {(r["prompt"], r["repeat"]): r["tokens_per_second"] for r in rows
                 if r["set"] == set_name and r["method"] == "plain"}
-        for method in methods:
-            mine = [r for r in rows if r["set"] == set_name and r["method"] == method]
-            ratios = [r["tokens_per_second"] / base[(r["prompt"], r["repeat"])] for r in mine]
-            taus = [r["accepted_length"] for r in mine if r["accepted_length"] is not None]
-            table[set_name][method] = {
-                "median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in mine),
-                "mean_accepted_length": statistics.mean(taus) if taus else None,
-                "median_ratio_to_plain": statistics.median(ratios),
-                "all_outputs_identical_to_plain": all(r["identical"] for r in mine),
-                **_policy_summary(mine),
-            }
+        table[set_name] = {method: _method_summary([r for r in rows if r["set"] == set_name and r["method"] == method],
+                                                   base) for method in methods}
+    macro = {method: {"mean_of_median_ratios_to_plain": statistics.mean(table[s][method]["median_ratio_to_plain"]
+                                                                        for s in sets),
+                      "all_outputs_identical_to_plain": all(table[s][method]["all_outputs_identical_to_plain"]
+                                                            for s in sets)}
+             for method in methods if all(method in table[s] for s in sets)}
     return {"config": asdict(config), "torch_threads": config.threads, "cpu_count": os.cpu_count(),
-            "results": table, "runs": rows}
+            "results": table, "macro": macro, "runs": rows}
 
 
 def _write(report: dict, out: str) -> None:

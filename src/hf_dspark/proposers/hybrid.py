@@ -146,6 +146,8 @@ class HybridDrafter:
         margin: how much better (in lagged accepted tokens) the lookup must be to be chosen.
         min_match: the shortest n-gram match the lookup may be chosen with.
         max_queued: context slots queued for the DSpark drafter before they reach it without a DSpark proposal.
+        draft_curve: the DSpark drafter's cost curve (`StepCurve`); None: looked up (or profiled once) when "auto"
+            first asks for it.
 
     `source_counts` holds how many (DSpark, lookup) row-proposals the last calls made. `row_draft_costs` tells the
     "auto" policy, before it plans, that a lookup row costs nothing of the DSpark drafter's cost curve.
@@ -162,6 +164,7 @@ class HybridDrafter:
         margin: float = 0.0,
         min_match: int = 1,
         max_queued: int = 64,
+        draft_curve=None,
     ) -> None:
         if proposer.config.block_size != drafter.config.block_size:
             raise ValueError(
@@ -172,6 +175,7 @@ class HybridDrafter:
         self.decay, self.prior, self.margin, self.min_match = decay, prior, margin, min_match
         self.max_queued = max_queued
         self.source_counts = [0, 0]
+        self._draft_curve = draft_curve
 
     # -- the drafter protocol, delegated ------------------------------------------------------------
     @property
@@ -180,7 +184,13 @@ class HybridDrafter:
 
     @property
     def draft_curve(self):
-        return getattr(self.drafter, "draft_curve", None)
+        """The DSpark drafter's cost curve (what its rows cost; lookup rows are free, `row_draft_costs`): looked up
+        or profiled once, as `generate` does for the drafter alone, unless `draft_curve=` was given."""
+        if self._draft_curve is None:
+            from ..draft_profiling import load_or_profile_draft_curve
+
+            self._draft_curve = load_or_profile_draft_curve(self.drafter)
+        return self._draft_curve
 
     def parameters(self, recurse: bool = True):
         """The DSpark drafter's parameters (the proposer has none)."""
