@@ -91,6 +91,11 @@ def test_bench_speed_validates_before_loading(prompt_file, capsys, no_model_load
     assert "--methods: invalid choice: 'hybird'" in err
 
 
+def test_bench_serve_refuses_the_hybrid_with_the_oracle(prompt_file, capsys, no_model_load):
+    err = _usage_error(["bench", "serve", "--sets", prompt_file, "--hybrid", "--oracle"], capsys)
+    assert "--hybrid and --oracle exclude each other" in err
+
+
 @pytest.mark.parametrize("command", ["speed", "serve"])
 def test_bench_out_refuses_a_file_that_is_not_its_report(command, prompt_file, capsys, no_model_load, monkeypatch):
     before = Path(prompt_file).read_text()

@@ -68,3 +68,55 @@ def test_out_may_only_replace_an_earlier_serve_report(tmp_path):
     ServeConfig(out=str(earlier))
     with pytest.raises(ValueError, match="is a folder"):
         ServeConfig(out=str(tmp_path), overwrite=True)
+
+
+def _repetitive_prompts(target, count: int = 5) -> list[torch.Tensor]:
+    """Prompts whose greedy continuations copy from them: each a reference output of the target, twice."""
+    prompts = []
+    for seed in range(count):
+        start = torch.randint(3, target.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(seed))
+        out = target.generate(start, attention_mask=torch.ones_like(start), do_sample=False, max_new_tokens=10)
+        prompts.append(torch.cat([out, out], dim=1)[0])
+    return prompts
+
+
+@pytest.mark.parametrize("policy", ["fixed", "auto"])
+def test_the_engine_serves_the_hybrid_with_plain_greedy_output(policy):
+    from hf_dspark.eval.serve import make_policy
+    from hf_dspark.generation.engine import DSparkEngine
+    from hf_dspark.proposers import hybrid_for
+    from hf_dspark.proposers.hybrid import DSPARK, LOOKUP
+
+    target = make_target("llama", seed=21, eos_token_id=None)
+    prompts = _repetitive_prompts(target)
+    new = 12
+    references = [target.generate(p[None], attention_mask=torch.ones(1, p.numel(), dtype=torch.long),
+                                  do_sample=False, max_new_tokens=new)[0, p.numel():].tolist() for p in prompts]
+    hybrid = hybrid_for(make_drafter(target, block_size=4, seed=1), "prompt-lookup",
+                        draft_curve=StepCurve([1, 64], [1000.0, 1000.0]))
+    flat = StepCurve([1, 4096], [1.0, 1.0])
+    engine = DSparkEngine(target, hybrid, policy=make_policy(policy, 4, flat, 0.5, hybrid.draft_curve), max_running=3)
+    rids = [engine.add_request(p, max_new_tokens=new) for p in prompts[:3]]
+    engine.step()
+    rids += [engine.add_request(p, max_new_tokens=new) for p in prompts[3:]]  # admitted while others run
+    while engine.has_work():
+        engine.step()
+    assert [engine.result(r).generated for r in rids] == references
+    assert hybrid.source_counts[LOOKUP] > 0 and hybrid.source_counts[DSPARK] >= 0
+    assert sum(rec.drafted > 0 for rec in engine.records) > 0
+
+
+def test_serve_benchmark_runs_with_the_hybrid(tmp_path):
+    from hf_dspark.proposers import hybrid_for
+
+    target = make_target("llama", seed=7)
+    hybrid = hybrid_for(make_drafter(target, seed=1), "prompt-lookup")
+    curve = StepCurve([1, 8, 64], [10.0, 6.0, 1.5], model="tiny", threads=1)
+    config = ServeConfig(concurrency=[1, 2], policies=["none", "fixed", "auto"], requests_per_level=2,
+                         max_new_tokens=5, threads=1, out=str(tmp_path / "serve.json"))
+    report = run_serve_benchmark(config, target, _prompts(), hybrid, step_curve=curve, drafter_label="hybrid",
+                                 draft_curve=StepCurve([1, 8], [40.0, 20.0]))
+    assert {(r["policy"], r["concurrency"]) for r in report["results"]} == {
+        (p, c) for p in ("none", "fixed", "auto") for c in (1, 2)}
+    assert report["drafter"] == "hybrid" and set(report["ratios_to_plain"]) == {"fixed", "auto"}
+    assert sum(hybrid.source_counts) > 0

@@ -72,12 +72,12 @@ def _print_speed(report: dict) -> None:
             tau = "" if row["mean_accepted_length"] is None else f"  τ={row['mean_accepted_length']:.2f}"
             low, high = row.get("ratio_interquartile_range", (row["median_ratio_to_plain"],) * 2)
             same = "" if row["all_outputs_identical_to_plain"] else "  OUTPUT DIFFERS FROM PLAIN"
-            print(f"  {name:16s} {row['median_tokens_per_second']:7.2f}  x{row['median_ratio_to_plain']:.2f} "
+            print(f"  {name:20s} {row['median_tokens_per_second']:7.2f}  x{row['median_ratio_to_plain']:.2f} "
                   f"[{low:.2f}, {high:.2f}]{tau}{same}")
     if report.get("macro"):
         print("\nmacro (mean over sets of the median ratios to plain):")
         for name, row in report["macro"].items():
-            print(f"  {name:16s} x{row['mean_of_median_ratios_to_plain']:.2f}")
+            print(f"  {name:20s} x{row['mean_of_median_ratios_to_plain']:.2f}")
 
 
 def _serve_user_turns(parser: argparse.ArgumentParser, sets: list[str], per_set: int) -> list[str]:
@@ -104,6 +104,9 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     check_files(args.parser, "--sets", args.sets)
     check_drafter_path(args.parser, "--drafter", args.drafter)
     check_output_parent(args.parser, "--out", args.out)
+    if args.hybrid and args.oracle:
+        args.parser.error("--hybrid and --oracle exclude each other: the hybrid drafts with a DSpark drafter "
+                          "(--drafter or the shipped one); drop one of them")
     try:
         config = ServeConfig(concurrency=args.concurrency, policies=args.policies, requests_per_level=args.requests,
                              max_new_tokens=args.max_new_tokens, arrival_rate=args.arrival_rate,
@@ -125,6 +128,10 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         label = f"oracle drafter (γ={args.block_size})"
     else:
         drafter, label = load_drafter(target, args.drafter, args.block_size)
+    if args.hybrid:
+        from ..proposers import hybrid_for
+
+        drafter, label = hybrid_for(drafter, "prompt-lookup"), f"the hybrid of {label} and prompt lookup"
     print(f"serving with {label}")
     report = run_serve_benchmark(config, target, prompts, drafter, drafter_label=label)  # curves looked up there
     print(f"{'policy':10s} {'C':>3s} {'agg tok/s':>10s} {'user tok/s':>10s} {'mean ℓ':>7s}")
@@ -197,6 +204,10 @@ def _add_serve_command(bench) -> None:
     serve.add_argument("--block-size", type=positive_int, default=7, help="γ of the oracle drafter")
     serve.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
     serve.add_argument("--oracle", action="store_true", help="serve with the oracle drafter (ceiling)")
+    serve.add_argument("--hybrid", action="store_true",
+                       help="serve with the hybrid drafter: per request and round, the DSpark drafter (--drafter or "
+                       "the shipped one) or prompt lookup over the request's context, chosen from lagged acceptance "
+                       "(lossless); auto prices lookup rounds as free")
     add_runtime_arguments(serve, threads=2)
     serve.add_argument("--out", default="benchmarks/results/serve.json", help="JSON report (PNGs go beside it)")
     serve.add_argument("--overwrite", action="store_true",
