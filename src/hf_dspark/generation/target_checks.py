@@ -7,6 +7,11 @@ and the fix:
   input with that forward's own range, so a verification forward over several tokens and rows computes other
   logits than plain decoding's one-token steps (greedy output changes), and a quantized LM head has no weight
   tensor for the drafter to share;
+- targets quantized by quanto, torchao, bitsandbytes, GPTQ, AWQ, HQQ or any transformers quantizer (found by
+  `model.hf_quantizer`, `config.quantization_config`, or a layer or weight whose class comes from one of those
+  packages, read by name: nothing is imported): their kernels take other paths for one-token decoding steps than
+  for multi-token verification blocks, and some scale activations over the whole forward, so DSpark cannot
+  promise plain `generate`'s output (`quantization_found`);
 - an input embedding or LM head whose weight is not held on a device (`meta`, as accelerate's `cpu_offload` /
   `disk_offload` leave them): the drafter reads those weights directly, outside the offloading hooks;
 - a target left in training mode with dropout active: its forwards are random, so neither plain `generate`
@@ -37,6 +42,58 @@ def dynamically_quantized_layer(model: torch.nn.Module) -> tuple[str, str] | Non
     for name, module in model.named_modules():
         if type(module).__module__.startswith(("torch.ao.nn.quantized", "torch.nn.quantized")):
             return name, type(module).__name__
+    return None
+
+
+# Packages (by the module path of a layer's or weight's class) whose layers compute quantized, and their names.
+QUANTIZATION_PACKAGES = {
+    "optimum.quanto": "quanto", "quanto": "quanto", "torchao": "torchao", "bitsandbytes": "bitsandbytes",
+    "auto_gptq": "GPTQ", "gptqmodel": "GPTQ", "exllamav2": "GPTQ", "awq": "AWQ", "hqq": "HQQ",
+    "compressed_tensors": "compressed-tensors",
+}
+# transformers' `quant_method` values under the library names used above (others are named as they are).
+QUANT_METHOD_NAMES = {"bitsandbytes": "bitsandbytes", "gptq": "GPTQ", "awq": "AWQ", "quanto": "quanto",
+                      "hqq": "HQQ", "torchao": "torchao"}
+
+
+def _package_library(cls: type) -> str | None:
+    """The quantization library `cls` comes from (`QUANTIZATION_PACKAGES`, AWQ kernels of GPTQModel as AWQ)."""
+    module = getattr(cls, "__module__", "") or ""
+    for package, library in QUANTIZATION_PACKAGES.items():
+        if module == package or module.startswith(package + "."):
+            return "AWQ" if library == "GPTQ" and "awq" in (module + cls.__name__).lower() else library
+    return None
+
+
+def _quant_method(config) -> str | None:
+    """`quant_method` of a quantization config (an object or the dict a checkpoint's config.json holds)."""
+    method = config.get("quant_method") if isinstance(config, dict) else getattr(config, "quant_method", None)
+    method = getattr(method, "value", method)  # transformers' QuantizationMethod enum
+    return str(method) if method is not None else None
+
+
+def quantization_found(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(library, where it was found) for a target quantized by a library (module docstring), or None.
+
+    Reads `model.hf_quantizer` (set by `from_pretrained(..., quantization_config=...)`), `config.quantization_config`
+    (a quantized checkpoint's config) and the class names of every layer and weight; imports none of the libraries.
+    """
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        method = _quant_method(getattr(quantizer, "quantization_config", None)) or type(quantizer).__name__
+        return QUANT_METHOD_NAMES.get(method, method), f"model.hf_quantizer (quant_method={method!r})"
+    config = getattr(getattr(model, "config", None), "quantization_config", None)
+    if config is not None:
+        method = _quant_method(config) or "unknown"
+        return QUANT_METHOD_NAMES.get(method, method), f"config.quantization_config (quant_method={method!r})"
+    for name, module in model.named_modules():
+        library = _package_library(type(module))
+        if library is not None:
+            return library, f"layer {name!r} is a {type(module).__name__}"
+        for pname, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            library = _package_library(type(tensor))
+            if library is not None:
+                return library, f"{name}.{pname} is a {type(tensor).__name__}"
     return None
 
 
@@ -100,7 +157,18 @@ def check_target(model: torch.nn.Module) -> None:
             f"DSpark cannot verify drafts exactly on this target: layer {name!r} is a {cls} (torch.ao quantization). "
             "Dynamic quantization scales each forward's input by that forward's own range, so verifying several "
             "tokens at once computes other logits than plain decoding's one-token steps and changes the output. "
-            "Generate with the unquantized target (or a weight-only quantization), or without the DSpark assistant."
+            "Generate with the unquantized target, or without the DSpark assistant."
+        )
+    found = quantization_found(model)
+    if found is not None:
+        library, where = found
+        raise ValueError(
+            f"DSpark cannot verify drafts exactly on this target: it is quantized with {library} ({where}). Quantized "
+            "kernels take other paths for one-token decoding steps than for multi-token verification blocks, and "
+            "some scale activations over the whole forward, so DSpark's verification would not reproduce plain "
+            "generate's output. Generate with the unquantized target: call target.dequantize() where the quantizer "
+            "supports it, or load the checkpoint without quantization_config (torch_dtype=torch.bfloat16 or "
+            "torch.float32); or generate without the DSpark assistant."
         )
     offloaded = offloaded_shared_weight(model)
     if offloaded is not None:
