@@ -121,10 +121,10 @@ class RowState:
         history = self.histories[row]
         for i, token in enumerate(tokens):
             history = torch.cat([history, history.new_tensor([token])])
-            if self.keep_scores:
-                self.scores[row].append(scores[i])
+            if self.keep_scores:  # a copy: a view would keep the round's whole [A, T, V] alive
+                self.scores[row].append(scores[i].clone())
             if self.keep_logits:
-                self.logits[row].append(raw_logits[i])
+                self.logits[row].append(raw_logits[i].clone())
             if self._stops(row, history, scores[i : i + 1]):
                 self.finished[row] = True
                 self.histories[row] = history
@@ -150,10 +150,10 @@ class RowState:
                 kept, self.finished[row] = i + 1, True
                 break
         self._pending.setdefault(row, []).extend(tokens[:kept])
-        if self.keep_scores:
-            self.scores[row].extend(scores[:kept].unbind(0))
+        if self.keep_scores:  # one copy of the kept positions: views would keep the round's whole [A, T, V] alive
+            self.scores[row].extend(scores[:kept].clone().unbind(0))
         if self.keep_logits:
-            self.logits[row].extend(raw_logits[:kept].unbind(0))
+            self.logits[row].extend(raw_logits[:kept].clone().unbind(0))
         return kept
 
     def sequences(self) -> torch.Tensor:
