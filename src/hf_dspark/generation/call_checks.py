@@ -4,6 +4,9 @@ Each check runs before any forward pass, profiling or cache work, and names the 
 
 - `inputs_embeds` (a soft prompt, alone or beside `input_ids`): the loop prefills from token ids;
 - `dola_layers`: DoLa decoding is a different decoding method (plain `generate` routes it elsewhere);
+- settings that make transformers draft with something else than the assistant (`assistant_early_exit`,
+  `prompt_lookup_num_tokens`, `use_mtp`, `speculation_type`) or verify against a mixture
+  (`assistant_ensemble_weight`), which a DSpark drafter would silently ignore;
 - RoPE scalings whose frequencies depend on the longest position of a forward (`dynamic` NTK, `longrope`), when
   the call can reach their threshold: a verification forward carries draft slots past the committed tokens, so
   it would cross the threshold at other steps than plain decoding and change every logit from there;
@@ -38,6 +41,34 @@ def check_prompt_inputs(model_kwargs: Mapping) -> None:
         "processors read the prompt as token ids, so the embeddings would be ignored. Pass the prompt as input_ids "
         "only, or generate without the DSpark assistant (drop assistant_model) for soft prompts."
     )
+
+
+# Settings with which transformers' `generate` drafts with something else than the given `assistant_model`, or
+# verifies against another distribution than the target's: a DSpark drafter would silently ignore them.
+OTHER_DRAFTING = {
+    "assistant_early_exit": "drafts with the target's own first layers (self-speculative early exit) instead of the "
+                            "assistant_model. Drop assistant_early_exit to draft with DSpark, or drop assistant_model "
+                            "for early-exit drafting.",
+    "prompt_lookup_num_tokens": "drafts by prompt lookup instead of with the assistant_model. Drop it to draft with "
+                                "DSpark; for prompt lookup in DSpark's batched loop pass assistant_model="
+                                "hf_dspark.proposers.prompt_lookup_for(target, γ).",
+    "use_mtp": "drafts with the target's own multi-token prediction heads instead of the assistant_model. Drop "
+               "use_mtp to draft with DSpark.",
+    "speculation_type": "selects transformers' own candidate generator for that kind of drafter, while a DSpark "
+                        "drafter runs DSpark's loop. Drop speculation_type.",
+    "assistant_ensemble_weight": "verifies drafts against the mixture w·p_target + (1 − w)·q_draft (lossy), while "
+                                 "DSpark verifies against the target's distribution only, so it would be ignored. "
+                                 "Drop assistant_ensemble_weight (lossless), or generate with a transformers "
+                                 "assistant.",
+}
+
+
+def check_other_drafting(settings: Mapping) -> None:
+    """Refuse the `OTHER_DRAFTING` settings set in `settings` (name -> the value generate would use)."""
+    for name, why in OTHER_DRAFTING.items():
+        value = settings.get(name)
+        if value is not None and value is not False:
+            raise ValueError(f"{name}={value!r} is not supported with a DSpark drafter: transformers' generate {why}")
 
 
 def check_decoding_method(generation_config) -> None:
@@ -173,6 +204,7 @@ def follow_target_moves(model, drafter) -> None:
 def check_call(model, drafter, generation_config) -> None:
     """Every check above that needs the bound pair and the prepared generation config."""
     check_decoding_method(generation_config)
+    check_other_drafting({name: getattr(generation_config, name, None) for name in OTHER_DRAFTING})
     check_fast_paths(model, generation_config)
     check_rope_scaling(model, generation_config.max_length, drafter.config.block_size)
     follow_target_moves(model, drafter)

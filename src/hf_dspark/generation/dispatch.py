@@ -19,7 +19,7 @@ import copy
 from types import SimpleNamespace
 
 from ..binding import validate_target_shape
-from .call_checks import check_cache_implementation, check_prompt_inputs
+from .call_checks import OTHER_DRAFTING, check_cache_implementation, check_other_drafting, check_prompt_inputs
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
@@ -60,6 +60,7 @@ def _check_call_inputs(model, args, kwargs) -> None:
     check_prompt_inputs(kwargs)  # soft prompts: before transformers prepares anything
     check_prompt_ids(args[0] if args else kwargs.get("inputs", kwargs.get("input_ids")))
     check_cache_implementation(_requested(model, args, kwargs, "cache_implementation"))  # before it is built
+    check_other_drafting({name: _requested(model, args, kwargs, name) for name in OTHER_DRAFTING})
     settings = {name: _requested(model, args, kwargs, name)
                 for name in ("eos_token_id", "do_sample", "temperature", "top_k", "top_p")}
     check_decoding_settings(SimpleNamespace(**settings))
@@ -194,6 +195,7 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
     validate_dspark_options(generation_config_options(generation_config))
     check_prompt_inputs(model_kwargs)
     check_prompt_ids(input_ids)
+    check_other_drafting({name: getattr(generation_config, name, None) for name in OTHER_DRAFTING})
     check_decoding_settings(generation_config)
     check_left_padded(model_kwargs.get("attention_mask"))
     return dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
