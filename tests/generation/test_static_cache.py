@@ -71,3 +71,44 @@ def test_static_cache_overwrites_rejected_slots():
         changed = (before != after).any(dim=(1, 3))  # [A, C] slots written
         assert changed[0].nonzero().flatten().tolist() == [ids.shape[1] + 1]
         assert changed[1].nonzero().flatten().tolist() == [ids.shape[1] + 3]
+
+
+def _inductor_unavailable() -> str | None:
+    """Why inductor cannot build a kernel here (no C++ compiler, ...), or None."""
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x: x * 2 + 1, backend="inductor", fullgraph=True)
+        if not torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0)):
+            return "inductor built a wrong kernel"
+    except Exception as error:  # any failure to build means: cannot test here
+        return f"inductor cannot build kernels here: {type(error).__name__}: {error}"
+    finally:
+        torch._dynamo.reset()
+    return None
+
+
+@pytest.mark.slow
+def test_compiled_verification_forward_is_greedy_identical():
+    """`compile_config` with inductor on CPU: the compiled verification forward (rows rejecting drafts at different
+    positions) gives plain greedy's tokens."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    reason = _inductor_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    model = make_target("llama", seed=11, eos_token_id=None)
+    ids, mask = ragged_prompts(2, seed=23)
+    options = dict(attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    reference = model.generate(ids, **options)
+    drafter = make_drafter(model)
+    config = CompileConfig(backend="inductor", mode="default", fullgraph=False, dynamic=False)
+    torch._dynamo.reset()
+    try:
+        output = model.generate(ids, assistant_model=drafter, compile_config=config, **options)
+        graphs = counters["stats"]["unique_graphs"]
+    finally:
+        torch._dynamo.reset()
+    assert graphs > 0, "the verification forward was not compiled"
+    assert torch.equal(reference, output)
+    assert drafter.last_generation_stats.rounds > 0
