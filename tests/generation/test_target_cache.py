@@ -124,3 +124,34 @@ def test_compact_and_select_rows_index_each_layer_on_its_own_device():
     cpu, meta = target.cache.layers
     assert meta.keys.device.type == "meta" and meta.keys.shape == cpu.keys.shape == (2, 1, 5, 1)
     assert cpu.keys[:, 0, :, 0].tolist() == [[3, 4, 5, 0, 0], [0, 0, 1, 2, 0]]
+
+
+def test_sdpa_batch_without_holes_runs_without_a_mask_and_matches_plain():
+    """A batch whose cache has no holes (one unpadded row, every draft accepted) needs no mask: SDPA gets none,
+    and greedy output stays plain's; a ragged batch still gets its 2D mask."""
+    from hf_dspark.eval.oracle import oracle_for
+    from tests.helpers import make_target, ragged_prompts
+
+    model = make_target("llama", seed=3, eos_token_id=None)
+    assert model.config._attn_implementation == "sdpa"
+    masks = []
+
+    def hook(module, args, kwargs):
+        if kwargs.get("position_ids") is not None and kwargs["input_ids"].shape[1] <= 5:
+            masks.append(kwargs.get("attention_mask"))
+
+    handle = model.model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for batch, holes in ((1, False), (3, True)):
+            ids, mask = ragged_prompts(batch, seed=4, min_len=6 if holes else 9, max_len=9)
+            reference = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+            masks.clear()
+            drafter = oracle_for(model, 4, reference, mask)
+            output = model.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False,
+                                    max_new_tokens=12, dspark_policy="fixed")
+            assert torch.equal(output, reference)
+            rounds = drafter.last_generation_stats.rounds
+            assert rounds > 0 and len(masks) >= rounds
+            assert all((m is not None) is holes for m in masks[-rounds:]), [m is None for m in masks]
+    finally:
+        handle.remove()

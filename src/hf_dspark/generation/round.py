@@ -205,7 +205,8 @@ class RoundKernel:
         verify_len = upload(host_len, device)
         inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
         input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
-        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs)
+        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs,
+                                         host_input_counts=[1 + n for n in host_len])
         scores = self.processors.apply_positions(batch.rows, histories, drafts, out.logits, verify_len + 1)
         result = self._verify(drafts, draft_probs, scores, verify_len, steps)
         accepted = result.num_accepted

@@ -179,14 +179,19 @@ class RaggedTargetCache:
         return int(self.valid.shape[1])
 
     def forward(self, model, input_ids: torch.Tensor, input_valid: torch.Tensor, tap_indices: list[int],
-                extra_kwargs: dict | None = None, packs: PackedLinears | None = None) -> VerifyOutput:
+                extra_kwargs: dict | None = None, packs: PackedLinears | None = None,
+                host_input_counts: Sequence[int] | None = None) -> VerifyOutput:
         """One target forward over `[A, T]` new tokens; returns fp32 logits and tapped features for all T.
-        packs: the target's packed linear weights (`packed_linear`), or None."""
+        packs: the target's packed linear weights (`packed_linear`), or None. host_input_counts: each row's valid
+        inputs (1 + ℓ_r) as host ints; with the host mirror they tell a batch without holes, which an SDPA target
+        then runs without a mask (transformers' causal path, no device read of the mask)."""
         steps = input_ids.shape[1]
         positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
         mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()
+        if self._without_holes(steps, host_input_counts):
+            mask = None
         self.positions = torch.cat([self.positions, positions], dim=1)
-        if self.layout is not None and self.layout.needs_masks:
+        if mask is not None and self.layout is not None and self.layout.needs_masks:
             dtype = model.get_input_embeddings().weight.dtype
             mask = verification_masks(self.layout, mask.bool(), self.positions, positions, dtype)
         # no KV copy per layer for grouped-query attention (attention.py); few-row products on packed weights
@@ -202,6 +207,14 @@ class RaggedTargetCache:
         self.max_width = max(self.max_width, self.width)
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1) if tap_indices else None
         return VerifyOutput(out.logits.float(), features)
+
+    def _without_holes(self, steps: int, host_input_counts: Sequence[int] | None) -> bool:
+        """Whether every cached slot and every input slot is valid (host ints only) on a full-attention SDPA target."""
+        if host_input_counts is None or self.host_counts is None or self.layout is None:
+            return False
+        if self.layout.needs_masks or self.layout.implementation != "sdpa":
+            return False
+        return all(n == self.width for n in self.host_counts) and all(int(n) == steps for n in host_input_counts)
 
     def commit_last(self, steps: int, kept: torch.Tensor, host_kept: Sequence[int] | None = None) -> None:
         """The last forward appended `steps` slots; row a keeps the first kept[a] of them (`[A]` on the device;
