@@ -10,20 +10,35 @@ a rule that looks at this round's DSpark drafts is biased). Only the rows that c
 forward, and the drafter's context update waits until it drafts: a round where every row copies costs
 ≈ nothing, and `row_draft_costs` tells the "auto" policy so before it plans.
 
+Host and device: the rows' histories come down once per round for both sources (`lookup.read_histories`, host
+mirrors), the lookup rows' drafts go up in one non-blocking copy, row selections take host indices, and with the
+loop's host `counts` (`extend_context(..., counts=)`) a DSpark proposal is scored by the drafts the target
+accepted, without reading its drafts back.
+
 One source per row per round (not both): verifying both would need a tree of two branches in the target forward,
 which the ragged verification does not do; the lagged choice gets most of the gain at the cost of one of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ..generation.stats import last_generation_stats
+from ..generation.transfer import upload
 from ..modeling_outputs import DSparkProposal
-from .lookup import PromptLookupProposer, RowMatchState, SuffixProposer, _LookupBase, drafts_from_matches
+from .lookup import (
+    PromptLookupProposer,
+    RowMatchState,
+    SuffixProposer,
+    _host_index,
+    _LookupBase,
+    draft_rows,
+    read_histories,
+)
 
 DSPARK, LOOKUP = 0, 1
 
@@ -57,46 +72,55 @@ def choose_sources(
 
 @dataclass
 class HybridRowState:
-    """A row's lagged per-source scores, what each source proposed last (with the history length then) and this
+    """A row's lagged per-source scores, what each source proposed last (with the history length then: host ints
+    for the lookup, the DSpark drafts `[γ]` on the device, read only when no host counts score them) and this
     round's choice once made (`planned`: history length, source, the lookup's continuation)."""
 
     match: RowMatchState
     scores: list[float] = field(default_factory=lambda: [0.0, 0.0])
-    pending: list[tuple[int, int, list[int]]] = field(default_factory=list)  # (source, history length, drafts)
+    pending: list[tuple[int, int, Any]] = field(default_factory=list)  # (source, history length, drafts)
     planned: tuple[int, int, list[int]] | None = None
 
 
 @dataclass
 class HybridCache:
     """The DSpark drafter's cache, each row's `HybridRowState` (shared by reference across `select_rows`) and the
-    context updates queued for the DSpark drafter (`queued`: (features, valid) in order), which reach it only when
-    it drafts (`flush`): rounds in which every row copies skip its context update too."""
+    context updates queued for the DSpark drafter (`queued`: (features, valid, host counts or None) in order),
+    which reach it only when it drafts (`flush`): rounds in which every row copies skip its context update too."""
 
     inner: Any
     states: list[HybridRowState]
     drafter: Any = field(default=None, repr=False)
-    queued: list[tuple[torch.Tensor | None, torch.Tensor]] = field(default_factory=list)
+    queued: list[tuple[torch.Tensor | None, torch.Tensor, list[int] | None]] = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:
         return len(self.states)
 
     def queued_slots(self) -> int:
-        return sum(int(v.shape[1]) for _, v in self.queued)
+        return sum(int(v.shape[1]) for _, v, _ in self.queued)
 
     def flush(self) -> None:
-        """Give the queued context updates to the DSpark drafter in one `extend_context` call."""
+        """Give the queued context updates to the DSpark drafter in one `extend_context` call (with the summed
+        host counts when every update had them: the drafter then reads nothing back)."""
         if not self.queued:
             return
-        features = [f for f, _ in self.queued]
+        features = [f for f, _, _ in self.queued]
         merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
-        valid = torch.cat([v for _, v in self.queued], dim=1)
+        valid = torch.cat([v for _, v, _ in self.queued], dim=1)
+        counts = [c for _, _, c in self.queued]
         self.queued = []
-        self.drafter.extend_context(self.inner, merged, valid)
+        if any(c is None for c in counts):
+            self.drafter.extend_context(self.inner, merged, valid)
+        else:
+            self.drafter.extend_context(self.inner, merged, valid, counts=[sum(row) for row in zip(*counts)])
 
-    def select_rows(self, rows: torch.Tensor) -> HybridCache:
+    def select_rows(self, rows: torch.Tensor | Sequence[int]) -> HybridCache:
+        """Rows `rows` (host indices: a list or a host tensor; a device tensor is read back once)."""
         self.flush()  # the rows' copy and this cache then share the DSpark context
-        return HybridCache(self.inner.select_rows(rows), [self.states[i] for i in rows.tolist()], self.drafter)
+        picked = _host_index(rows)
+        inner = self.inner.select_rows(torch.tensor(picked, dtype=torch.long))
+        return HybridCache(inner, [self.states[i] for i in picked], self.drafter)
 
     @staticmethod
     def concat(caches: list[HybridCache]) -> HybridCache:
@@ -108,13 +132,14 @@ class HybridCache:
 
 @dataclass
 class HybridRound:
-    """One `propose` call of the hybrid: its rows (anchors `[R]`, cache, ids, histories), each row's source `[R]`
-    and the lookup's drafts `[R, γ]`, and how the DSpark rows are drafted (sampling, processors, generator)."""
+    """One `propose` call of the hybrid: its rows (anchors `[R]`, cache, ids, histories), each row's source (host
+    ints `[R]`) and the lookup's drafts (host ints `[R][γ]`), and how the DSpark rows are drafted (sampling,
+    processors, generator)."""
 
     anchor_ids: torch.Tensor
     cache: HybridCache
-    sources: torch.Tensor
-    lookup_drafts: torch.Tensor
+    sources: list[int]
+    lookup_drafts: list[list[int]]
     histories: list[torch.Tensor]
     row_ids: list[Any] | None = None
     do_sample: bool = False
@@ -122,9 +147,9 @@ class HybridRound:
     logits_processor: Any = None
     generator: Any = None
 
-    def dspark_rows(self) -> torch.Tensor:
-        """Indices `[S]` of the rows that chose DSpark."""
-        return torch.nonzero(self.sources == DSPARK).flatten()
+    def dspark_rows(self) -> list[int]:
+        """Indices `[S]` (host ints) of the rows that chose DSpark."""
+        return [a for a, source in enumerate(self.sources) if source == DSPARK]
 
     def processor_for(self, index: list[int]):
         """The drafts' logits processing restricted to the rows `index` (a `DraftProcessing` is per row)."""
@@ -219,26 +244,45 @@ class HybridDrafter:
         states = [HybridRowState(m, list(self.prior)) for m in matches]
         return HybridCache(self.drafter.init_cache(batch_size, capacity), states, self.drafter)
 
-    def extend_context(self, cache: HybridCache, target_hidden: torch.Tensor | None, valid: torch.Tensor) -> None:
-        """Queue the update for the DSpark drafter (it reaches it before its next proposal, or once full)."""
-        cache.queued.append((target_hidden, valid))
+    def extend_context(self, cache: HybridCache, target_hidden: torch.Tensor | None, valid: torch.Tensor,
+                       counts: Sequence[int] | None = None) -> None:
+        """Queue the update for the DSpark drafter (it reaches it before its next proposal, or once full).
+
+        counts: each row's committed tokens as host ints (the loop gives them): a row's pending DSpark proposal is
+        then scored by the drafts the target accepted (`count - 1`), with no read of its drafts; without them it is
+        scored against the history at the next plan (one read of its drafts)."""
+        if counts is not None:
+            counts = [int(c) for c in counts]
+            for state, count in zip(cache.states, counts):
+                self._score_accepted(state, count - 1)
+        cache.queued.append((target_hidden, valid, counts))
         if cache.queued_slots() >= self.max_queued:
             cache.flush()
 
     # -- the per-row source, chosen before drafting ---------------------------------------------------
+    def _fold(self, state: HybridRowState, source: int, got: float) -> None:
+        state.scores[source] = (1 - self.decay) * state.scores[source] + self.decay * got
+
+    def _score_accepted(self, state: HybridRowState, accepted: int) -> None:
+        """Fold a pending DSpark proposal's accepted drafts (from the host counts) into its lagged score."""
+        if any(source == DSPARK for source, _, _ in state.pending):
+            self._fold(state, DSPARK, min(max(accepted, 0), self.config.block_size))
+            state.pending = [entry for entry in state.pending if entry[0] != DSPARK]
+
     def _score(self, state: HybridRowState, history: list[int]) -> None:
         """Fold the agreement of every pending proposal that the history now resolves into the lagged scores."""
         for source, start, drafts in state.pending:
-            got = agreement(drafts, history[start:])
-            state.scores[source] = (1 - self.decay) * state.scores[source] + self.decay * got
+            proposed = drafts.tolist() if isinstance(drafts, torch.Tensor) else drafts  # no host counts came
+            self._fold(state, source, agreement(proposed, history[start:]))
         state.pending = []
 
-    def _plan_row(self, state: HybridRowState, history: torch.Tensor) -> tuple[int, int, list[int]]:
-        """This round's (history length, source, lookup continuation) of one row, chosen once per round."""
-        length = int(history.shape[0])
+    def _plan_row(self, state: HybridRowState, history: list[int]) -> tuple[int, int, list[int]]:
+        """This round's (history length, source, lookup continuation) of one row (`history`: its host mirror),
+        chosen once per round."""
+        length = len(history)
         if state.planned is not None and state.planned[0] == length:
             return state.planned
-        self._score(state, history.tolist())
+        self._score(state, history)
         follow, matched = self.proposer.match(state.match, history)
         source = choose_sources(
             torch.tensor([matched]),
@@ -250,11 +294,16 @@ class HybridDrafter:
         state.planned = (length, int(source[0]), follow)
         return state.planned
 
+    def _plan(self, cache: HybridCache, histories: list[torch.Tensor]) -> tuple[list[list[int]], list[tuple]]:
+        """(the rows' host histories, each row's `_plan_row`), after one `read_histories` of all rows."""
+        mirrors = read_histories([state.match for state in cache.states], histories)
+        return mirrors, [self._plan_row(state, tokens) for state, tokens in zip(cache.states, mirrors)]
+
     def row_draft_costs(self, cache: HybridCache, histories: list[torch.Tensor]) -> torch.Tensor:
         """`[R]` each row's share of the DSpark drafter's per-row cost this round: 1 for DSpark rows, 0 for
         lookup rows (the choice is made here, from the committed context and lagged scores, and kept for
         `propose`)."""
-        planned = [self._plan_row(s, h) for s, h in zip(cache.states, histories)]
+        _, planned = self._plan(cache, histories)
         return torch.tensor([1.0 if source == DSPARK else 0.0 for _, source, _ in planned], dtype=torch.float64)
 
     @torch.no_grad()
@@ -272,9 +321,9 @@ class HybridDrafter:
     ) -> DSparkProposal:
         if histories is None:
             raise ValueError("HybridDrafter needs the rows' histories (the DSpark loop passes them)")
-        planned = [self._plan_row(s, h) for s, h in zip(cache.states, histories)]
-        sources = torch.tensor([source for _, source, _ in planned], dtype=torch.long)
-        lookup_drafts = drafts_from_matches(anchor_ids, [follow for _, _, follow in planned], self.config.block_size)
+        mirrors, planned = self._plan(cache, histories)
+        sources = [source for _, source, _ in planned]
+        lookup_drafts = draft_rows([t[-1] for t in mirrors], [f for _, _, f in planned], self.config.block_size)
         want_probs = bool(return_probs if return_probs is not None else do_sample)
         call = HybridRound(
             anchor_ids, cache, sources, lookup_drafts, list(histories), row_ids, do_sample, want_probs,
@@ -282,30 +331,39 @@ class HybridDrafter:
         )  # fmt: skip
         proposal = self._combine(call)
         for a, (state, (length, source, _)) in enumerate(zip(cache.states, planned)):
-            state.pending.append((LOOKUP, length, lookup_drafts[a].tolist()))  # scored counterfactually
+            state.pending.append((LOOKUP, length, lookup_drafts[a]))  # scored counterfactually
             if source == DSPARK:
-                state.pending.append((DSPARK, length, proposal.draft_ids[a].tolist()))
+                state.pending.append((DSPARK, length, proposal.draft_ids[a]))
             state.planned = None
-        dspark_rows = int((sources == DSPARK).sum())
+        dspark_rows = sources.count(DSPARK)
         self.source_counts[DSPARK] += dspark_rows
         self.source_counts[LOOKUP] += len(planned) - dspark_rows
         return proposal
 
+    def _lookup_proposal(self, call: HybridRound) -> DSparkProposal:
+        """Every row's lookup proposal: one-hot drafts (one non-blocking upload), confidences from the lagged
+        lookup score (DSpark rows are overwritten by `_combine`)."""
+        device, gamma = call.anchor_ids.device, self.config.block_size
+        drafts = upload(call.lookup_drafts, device, call.anchor_ids.dtype)
+        token_probs = torch.ones(drafts.shape, dtype=torch.float32, device=device)
+        probs = self.proposer.one_hot(drafts, call.want_probs)
+        confidence = None
+        if self._has_confidence():
+            rows = [[min(max(s.scores[LOOKUP] / gamma, 1e-3), 0.99)] * gamma for s in call.cache.states]
+            confidence = upload(rows, device, torch.float32)
+        return DSparkProposal(drafts, probs, token_probs, confidence)
+
     def _combine(self, call: HybridRound) -> DSparkProposal:
         """Run the DSpark drafter on the rows that chose it and merge with the lookup rows' one-hot proposals."""
-        drafts = call.lookup_drafts.clone()
-        token_probs = torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
-        probs = torch.nn.functional.one_hot(drafts, self.config.vocab_size).float() if call.want_probs else None
-        scores = [min(s.scores[LOOKUP] / self.config.block_size, 0.99) for s in call.cache.states]
-        confidence = torch.tensor(scores)[:, None].expand(drafts.shape).clone().to(drafts.device).clamp_min(1e-3)
-        index = call.dspark_rows()
-        if index.numel() == 0:
-            return DSparkProposal(drafts, probs, token_probs, confidence if self._has_confidence() else None)
+        out = self._lookup_proposal(call)
+        picked = call.dspark_rows()
+        if not picked:
+            return out
         call.cache.flush()
-        dev_index, picked = index.to(call.anchor_ids.device), index.tolist()
+        dev_index = upload(picked, call.anchor_ids.device)
         inner = self.drafter.propose(
             call.anchor_ids.index_select(0, dev_index),
-            call.cache.inner.select_rows(dev_index),
+            call.cache.inner.select_rows(torch.tensor(picked, dtype=torch.long)),
             do_sample=call.do_sample,
             logits_processor=call.processor_for(picked),
             generator=call.generator,
@@ -313,14 +371,14 @@ class HybridDrafter:
             row_ids=None if call.row_ids is None else [call.row_ids[i] for i in picked],
             histories=[call.histories[i] for i in picked],
         )
-        drafts[dev_index] = inner.draft_ids
-        token_probs[dev_index] = inner.draft_token_probs.float()
-        if probs is not None:
-            probs[dev_index] = inner.draft_probs.to(probs.dtype)
-        if inner.confidence is None:
-            return DSparkProposal(drafts, probs, token_probs, None)
-        confidence[dev_index] = inner.confidence.float()
-        return DSparkProposal(drafts, probs, token_probs, confidence)
+        out.draft_ids[dev_index] = inner.draft_ids
+        out.draft_token_probs[dev_index] = inner.draft_token_probs.float()
+        if out.draft_probs is not None:
+            out.draft_probs[dev_index] = inner.draft_probs.to(out.draft_probs.dtype)
+        if inner.confidence is None or out.confidence is None:
+            return DSparkProposal(out.draft_ids, out.draft_probs, out.draft_token_probs, None)
+        out.confidence[dev_index] = inner.confidence.float()
+        return out
 
     def _has_confidence(self) -> bool:
         return bool(getattr(self.config, "use_confidence_head", False))

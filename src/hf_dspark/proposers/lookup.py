@@ -11,10 +11,15 @@ Both are `DraftModel`s (`generate(**inputs, assistant_model=proposer)` once the 
 cost curve (`draft_curve = None`: "auto" prices their drafting at ≈ 0). Drafts are one-hot proposals, exact for
 greedy and valid for speculative sampling; with no match the anchor is repeated (a draft the target usually
 rejects). Each row's index is fed only the committed tokens it has not seen, a few per round.
+
+Host and device: each row keeps a host mirror of its history (`RowMatchState.tokens`); a round reads the tokens
+committed since, of every row at once, in one device-to-host copy (`read_histories`), and uploads the drafts in one
+non-blocking copy; row selections take host indices.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -22,18 +27,44 @@ import torch
 from ..configuration_dspark import DSparkConfig
 from ..generation.dispatch import enable
 from ..generation.drafting import ModelFreeDrafter
+from ..generation.transfer import HOST, download, upload
 from ..modeling_outputs import DSparkProposal
 from .ngram import NgramIndex
 
 
 @dataclass
 class RowMatchState:
-    """One row's matching state: its own index (prompt lookup) or its sequence id in a shared one, and how many
-    of its history's tokens the index holds."""
+    """One row's matching state: its own index (prompt lookup) or its sequence id in a shared one, how many of its
+    history's tokens the index holds, and the history's host mirror (`tokens`, kept by `read_histories`)."""
 
     index: NgramIndex | None = None
     seq_id: int = -1
     fed: int = 0
+    tokens: list[int] = field(default_factory=list)
+
+
+def read_histories(states: Sequence[RowMatchState], histories: Sequence[torch.Tensor]) -> list[list[int]]:
+    """Bring every row's host mirror up to its history `[L_r]` and return the mirrors: the tokens each row's mirror
+    lacks, of all rows together, come down in one copy (none when every mirror is current); lengths are host
+    metadata. A history shorter than its mirror (not a continuation) is read again whole."""
+    for state, history in zip(states, histories):
+        if int(history.shape[0]) < len(state.tokens):
+            state.tokens = []
+    tails = [(state, history[len(state.tokens) :]) for state, history in zip(states, histories)
+             if int(history.shape[0]) > len(state.tokens)]  # fmt: skip
+    if tails:
+        flat = download(torch.cat([tail.reshape(-1).to(torch.long) for _, tail in tails]))
+        start = 0
+        for state, tail in tails:
+            count = int(tail.shape[0])
+            state.tokens.extend(flat[start : start + count])
+            start += count
+    return [state.tokens for state in states]
+
+
+def _host_index(rows: torch.Tensor | Sequence[int]) -> list[int]:
+    """Row indices as host ints (free for a list or a host tensor; one read for a device tensor)."""
+    return rows.tolist() if isinstance(rows, torch.Tensor) else [int(r) for r in rows]
 
 
 @dataclass
@@ -49,28 +80,23 @@ class LookupCache:
         return int(self.lengths.shape[0])
 
     def advance(self, counts: torch.Tensor) -> None:
-        self.lengths = self.lengths + counts.to(self.lengths)
+        self.lengths = self.lengths + counts.to(HOST)
 
-    def select_rows(self, rows: torch.Tensor) -> LookupCache:
-        picked = rows.tolist()
-        return LookupCache(
-            self.lengths.index_select(0, rows.to(self.lengths.device)), [self.states[i] for i in picked]
-        )
+    def select_rows(self, rows: torch.Tensor | Sequence[int]) -> LookupCache:
+        """Rows `rows` (host indices: a list or a host tensor; a device tensor is read back once)."""
+        picked = _host_index(rows)
+        return LookupCache(self.lengths[picked], [self.states[i] for i in picked])
 
     @staticmethod
     def concat(caches: list[LookupCache]) -> LookupCache:
         return LookupCache(torch.cat([c.lengths for c in caches]), [s for c in caches for s in c.states])
 
 
-def drafts_from_matches(anchor_ids: torch.Tensor, matches: list[list[int]], gamma: int) -> torch.Tensor:
-    """`[R]` anchors and per-row continuations (≤ γ tokens each) -> drafts `[R, γ]`: the continuation, its last
-    token repeated to γ; the anchor repeated where a row has no match."""
-    drafts = anchor_ids[:, None].repeat(1, gamma)
-    for a, follow in enumerate(matches):
-        if follow:
-            drafts[a, : len(follow)] = torch.tensor(follow, dtype=drafts.dtype)
-            drafts[a, len(follow) :] = follow[-1]
-    return drafts
+def draft_rows(anchors: Sequence[int], matches: Sequence[list[int]], gamma: int) -> list[list[int]]:
+    """Host anchors `[R]` (each row's last committed token) and per-row continuations (≤ γ tokens each) -> host
+    drafts `[R][γ]`: the continuation, its last token repeated to γ; the anchor repeated where a row has no match."""
+    return [follow + [follow[-1]] * (gamma - len(follow)) if follow else [int(anchor)] * gamma
+            for anchor, follow in zip(anchors, matches)]
 
 
 class _LookupBase(ModelFreeDrafter):
@@ -89,9 +115,9 @@ class _LookupBase(ModelFreeDrafter):
     def _index_of(self, state: RowMatchState) -> NgramIndex:
         raise NotImplementedError
 
-    def match(self, state: RowMatchState, history: torch.Tensor) -> tuple[list[int], int]:
-        """Feed the row's unseen committed tokens, then look up its suffix: (continuation ≤ γ, n-gram length)."""
-        tokens = history.tolist()
+    def match(self, state: RowMatchState, tokens: list[int]) -> tuple[list[int], int]:
+        """Feed the row's unseen committed tokens (host ints, the whole history), then look up its suffix:
+        (continuation ≤ γ, n-gram length)."""
         index = self._index_of(state)
         # The anchor (the last token) is indexed only once its successor is known: feed all but it.
         if len(tokens) - 1 > state.fed:
@@ -99,10 +125,12 @@ class _LookupBase(ModelFreeDrafter):
             state.fed = len(tokens) - 1
         return index.lookup(tokens, self.config.block_size)
 
-    def matches(self, cache: LookupCache, histories: list[torch.Tensor]) -> list[tuple[list[int], int]]:
+    def matches(self, cache: LookupCache, histories: list[torch.Tensor]) -> tuple[list[list[int]], list[list[int]]]:
+        """(each row's host history, its continuation) after one `read_histories`."""
         if histories is None:
             raise ValueError(f"{type(self).__name__} needs the rows' histories (the DSpark loop passes them)")
-        return [self.match(state, history) for state, history in zip(cache.states, histories)]
+        mirrors = read_histories(cache.states, histories)
+        return mirrors, [self.match(state, tokens)[0] for state, tokens in zip(cache.states, mirrors)]
 
     @torch.no_grad()
     def propose(
@@ -117,8 +145,9 @@ class _LookupBase(ModelFreeDrafter):
         row_ids=None,
         histories: list[torch.Tensor] | None = None,
     ) -> DSparkProposal:
-        found = self.matches(cache, histories)
-        drafts = drafts_from_matches(anchor_ids, [f for f, _ in found], self.config.block_size)
+        mirrors, found = self.matches(cache, histories)
+        rows = draft_rows([tokens[-1] for tokens in mirrors], found, self.config.block_size)
+        drafts = upload(rows, anchor_ids.device, anchor_ids.dtype)
         ones = torch.ones(drafts.shape, dtype=torch.float32, device=drafts.device)
         return DSparkProposal(drafts, self.one_hot(drafts, bool(return_probs or do_sample)), ones, None)
 
