@@ -18,6 +18,8 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
+import torch
+
 from ..binding import validate_target_shape
 from .call_checks import OTHER_DRAFTING, check_cache_implementation, check_other_drafting, check_prompt_inputs
 from .candidate_generator import DSparkCandidateGenerator
@@ -31,6 +33,7 @@ from .options import (
     generation_config_options,
     validate_dspark_options,
 )
+from .output_cache import continuation_mask
 from .target_cache import attention_layout
 from .target_checks import check_target
 
@@ -96,6 +99,49 @@ def _without_observers(model, generation_config):
     return shallow, observers
 
 
+def _callers_cache(model_kwargs) -> tuple[object | None, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """(the cache object the caller passed, copies of the keys and values it already holds per layer), or
+    (None, []) when transformers made the cache. The loop may use and drop rows of the caller's object in place."""
+    cache = model_kwargs.get("cache")
+    if cache is None or not getattr(cache, "_is_user_defined", False):
+        return None, []
+    if not cache.get_seq_length():
+        return cache, []
+    return cache, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+
+
+def _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_mask):
+    """Leave the cache object the caller passed (`generate(..., cache=c)`) as plain `generate` leaves it: the
+    prefix it held, then the keys and values of every later position but the last of each returned sequence, so a
+    later call can continue from it. `c` is reset, given its prefix back and extended by one target forward over
+    the new positions (on top of that prefix, positions from the mask as plain decoding's). Returns `output`, whose
+    returned cache is then `c` itself, as plain's is."""
+    if cache is None or generation_config.use_cache is False:
+        return output
+    sequences = output if isinstance(output, torch.Tensor) else output.sequences
+    cached = prefix[0][0].shape[2] if prefix else 0
+    mask = continuation_mask(prompt_mask, sequences)[:, :-1]
+    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate's prepare_inputs does
+    cache.reset()
+    for index, (keys, values) in enumerate(prefix):
+        cache.update(keys, values, index)
+    with torch.no_grad():
+        model(input_ids=sequences[:, cached:-1], attention_mask=mask, position_ids=positions[:, cached:],
+              cache=cache, use_cache=True, logits_to_keep=1)
+    if not isinstance(output, torch.Tensor):
+        output.cache = cache
+    return output
+
+
+def _run_dspark(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, drafter,
+                model_kwargs):
+    """`dspark_decoding`, then the caller's cache object filled as plain `generate` fills it."""
+    (cache, prefix), prompt_mask = _callers_cache(model_kwargs), model_kwargs.get("attention_mask")
+    output = dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                             streamer=streamer, assistant_model=drafter, **model_kwargs)
+    return _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_mask)
+
+
 def _dspark_subclass(cls: type) -> type:
     if cls in _SUBCLASSES:
         return _SUBCLASSES[cls]
@@ -105,8 +151,8 @@ def _dspark_subclass(cls: type) -> type:
                            assistant_tokenizer=None, tokenizer=None, **model_kwargs):
         if is_draft_model(assistant_model) and not _options(generation_config).dspark_stock_loop:
             check_left_padded(model_kwargs.get("attention_mask"))
-            return dspark_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
-                                   streamer=streamer, assistant_model=assistant_model, **model_kwargs)
+            return _run_dspark(self, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                               assistant_model, model_kwargs)
         return cls._assisted_decoding(
             self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
             streamer=streamer, inputs_tensor=inputs_tensor, assistant_model=assistant_model,
@@ -198,5 +244,5 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
     check_other_drafting({name: getattr(generation_config, name, None) for name in OTHER_DRAFTING})
     check_decoding_settings(generation_config)
     check_left_padded(model_kwargs.get("attention_mask"))
-    return dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                           streamer=dspark_streamer, assistant_model=drafter, **model_kwargs)
+    return _run_dspark(model, input_ids, logits_processor, stopping_criteria, generation_config, dspark_streamer,
+                       drafter, model_kwargs)
