@@ -25,10 +25,14 @@ README = ROOT / "README.md"
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 SPEED_METHODS = {
-    "dspark_auto": "DSpark, `auto` (default)", "dspark": "DSpark, ℓ = γ",
-    "hybrid_auto": "hybrid (DSpark or prompt lookup per row), `auto`", "hybrid": "hybrid, ℓ = γ",
-    "dflash": "DFlash-style baseline, ℓ = γ", "prompt_lookup": "prompt lookup",
-    "lookup": "prompt lookup in the DSpark loop, ℓ = γ", "oracle_g7": "oracle drafter, γ = 7",
+    "dspark_auto": "DSpark, `auto` (default)",
+    "dspark": "DSpark, ℓ = γ",
+    "hybrid_auto": "hybrid (DSpark or prompt lookup per row), `auto`",
+    "hybrid": "hybrid, ℓ = γ",
+    "dflash": "DFlash-style baseline, ℓ = γ",
+    "prompt_lookup": "prompt lookup",
+    "lookup": "prompt lookup in the DSpark loop, ℓ = γ",
+    "oracle_g7": "oracle drafter, γ = 7",
 }
 
 
@@ -38,8 +42,10 @@ def load_result(path: Path) -> dict:
     provenance = report.get("provenance") or {}
     missing = [key for key in ("command", "git_commit") if not provenance.get(key)]
     if missing:
-        raise ValueError(f"{path.relative_to(ROOT)}: its provenance lacks {missing}; measure it again with the "
-                         "command in docs/benchmarks.md (every writer records it).")
+        raise ValueError(
+            f"{path.relative_to(ROOT)}: its provenance lacks {missing}; measure it again with the "
+            "command in docs/benchmarks.md (every writer records it)."
+        )
     return report
 
 
@@ -53,13 +59,36 @@ def _markdown(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
+def _caveats(record: dict) -> list[str]:
+    """What a reader should know about a provenance record beyond its command and commit."""
+    notes = ["reconstructed from git history"] if record.get("source") else []
+    if record.get("dirty"):
+        notes.append("the checkout had uncommitted changes")
+    unknown = [
+        what
+        for key, what in (("dirty", "working-tree state"), ("versions", "package versions"))
+        if record.get(key) is None
+    ]
+    if unknown:
+        notes.append(f"{' and '.join(unknown)} not recorded")
+    program = next((word for word in record["command"].split() if word.endswith((".py", ".sh"))), None)
+    if program is not None and not (ROOT / program).is_file():
+        notes.append(f"`{program}` has since been replaced")
+    if notes:
+        notes.append("re-measure with `benchmarks/measure_readme.sh`")
+    return notes
+
+
 def _source(report: dict, path: Path) -> str:
     record = report["provenance"]
-    how = " (reconstructed from git history)" if record.get("source") else ""
+    caveats = _caveats(record)
+    how = f" ({'; '.join(caveats)})" if caveats else ""
     count = record.get("threads")
     threads = f", {count} thread{'s' if count != 1 else ''}" if count else ""
-    return (f"*`{path.relative_to(ROOT)}`: {record.get('processor')}{threads}, commit "
-            f"`{record['git_commit'][:10]}`{how}; `{record['command']}`*")
+    return (
+        f"*`{path.relative_to(ROOT)}`: {record.get('processor')}{threads}, commit "
+        f"`{record['git_commit'][:10]}`{how}; `{record['command']}`*"
+    )
 
 
 def _kind(path: Path) -> str:
@@ -83,16 +112,25 @@ def tau_table() -> list[str]:
             pair.append((1, t1_path, load_result(t1_path)))
         sets = list(pair[0][2]["sets"])
         if header_sets not in (None, sets):
-            raise ValueError(f"{t0_path.relative_to(ROOT)}: sets {sets} differ from the other eval results' "
-                             f"{header_sets}; measure every kind on the same sets")
+            raise ValueError(
+                f"{t0_path.relative_to(ROOT)}: sets {sets} differ from the other eval results' "
+                f"{header_sets}; measure every kind on the same sets"
+            )
         header_sets = sets
         drafters = list(dict.fromkeys(d for _, _, report in pair for d in report["table"]))
         for drafter in drafters:
             for temperature, _, report in pair:
                 row = report["table"].get(drafter)
                 if row is not None:
-                    rows.append([_kind(t0_path), drafter, str(temperature),
-                                 *(f"{row['sets'][s]['tau']:.2f}" for s in sets), f"**{row['macro']:.2f}**"])
+                    rows.append(
+                        [
+                            _kind(t0_path),
+                            drafter,
+                            str(temperature),
+                            *(f"{row['sets'][s]['tau']:.2f}" for s in sets),
+                            f"**{row['macro']:.2f}**",
+                        ]
+                    )
         used += [(path, report) for _, path, report in pair]
     if not rows:
         return []
@@ -107,8 +145,10 @@ def speed_table() -> list[str]:
         results = report["results"]
         sets = list(results)
         if header_sets not in (None, sets):
-            raise ValueError(f"{path.relative_to(ROOT)}: sets {sets} differ from the other speed results' "
-                             f"{header_sets}; measure every kind on the same sets")
+            raise ValueError(
+                f"{path.relative_to(ROOT)}: sets {sets} differ from the other speed results' "
+                f"{header_sets}; measure every kind on the same sets"
+            )
         header_sets = sets
         identical = all(cell["all_outputs_identical_to_plain"] for s in sets for cell in results[s].values())
         plain = "plain `generate`, tokens/s" + ("" if identical else " (not every output identical)")
@@ -134,8 +174,10 @@ def serve_table() -> list[str]:
         report = load_result(path)
         levels = sorted({row["concurrency"] for row in report["results"]})
         if header_levels not in (None, levels):
-            raise ValueError(f"{path.relative_to(ROOT)}: load levels {levels} differ from the other serve results' "
-                             f"{header_levels}; measure every kind at the same levels")
+            raise ValueError(
+                f"{path.relative_to(ROOT)}: load levels {levels} differ from the other serve results' "
+                f"{header_levels}; measure every kind at the same levels"
+            )
         header_levels = levels
         by_key = {(row["policy"], row["concurrency"]): row for row in report["results"]}
         ratios = report.get("ratios_to_plain", {})
@@ -144,8 +186,12 @@ def serve_table() -> list[str]:
             for c in levels:
                 row = by_key.get((policy, c))
                 ratio = ratios.get(policy, {}).get(str(c))
-                cells.append("" if row is None else f"{row['aggregate_tokens_per_second']:.1f}"
-                             + (f" (×{ratio:.2f})" if ratio is not None else ""))
+                cells.append(
+                    ""
+                    if row is None
+                    else f"{row['aggregate_tokens_per_second']:.1f}"
+                    + (f" (×{ratio:.2f})" if ratio is not None else "")
+                )
             rows.append([_kind(path), "plain batched decoding" if policy == "none" else f"`{policy}`", *cells])
         used.append((path, report))
     if not rows:
@@ -165,7 +211,10 @@ def options_table() -> list[str]:
 
 
 TABLES: dict[str, Callable[[], list[str]]] = {
-    "options": options_table, "tau": tau_table, "speed": speed_table, "serve": serve_table,
+    "options": options_table,
+    "tau": tau_table,
+    "speed": speed_table,
+    "serve": serve_table,
 }
 
 

@@ -24,16 +24,42 @@ def test_readme_tables_match_the_result_jsons():
     blocks = {match.group("name") for match in tables.BLOCK.finditer(text)}
     assert blocks == set(tables.TABLES), f"README.md's result blocks {sorted(blocks)} != {sorted(tables.TABLES)}"
     _, changed = tables.update(text)
-    assert not changed, f"README.md tables {changed} disagree with benchmarks/results/; run " \
-                        "python benchmarks/readme_tables.py"
+    assert not changed, (
+        f"README.md tables {changed} disagree with benchmarks/results/; run python benchmarks/readme_tables.py"
+    )
 
 
 def test_every_result_json_records_its_command_and_commit():
+    from hf_dspark.provenance import PROVENANCE_KEYS
+
     tables = _tables()
     files = sorted((ROOT / "benchmarks" / "results").glob("*/*.json"))
     assert files
     for path in files:
-        tables.load_result(path)
+        record = tables.load_result(path)["provenance"]
+        assert set(PROVENANCE_KEYS) <= set(record), f"{path.name}: lacks {set(PROVENANCE_KEYS) - set(record)}"
+        unknown = [key for key in ("dirty", "versions", "processor", "created") if record[key] is None]
+        assert not unknown or record.get("source"), f"{path.name}: {unknown} unset in a record measured here"
+
+
+def test_a_record_that_lacks_its_state_says_so_beneath_the_table():
+    tables = _tables()
+    rebuilt = {
+        "command": "python scripts/no_such_program.py --x 1",
+        "git_commit": "a" * 40,
+        "dirty": None,
+        "versions": None,
+        "source": "reconstructed from git history",
+    }
+    assert tables._caveats(rebuilt) == [
+        "reconstructed from git history",
+        "working-tree state and package versions not recorded",
+        "`scripts/no_such_program.py` has since been replaced",
+        "re-measure with `benchmarks/measure_readme.sh`",
+    ]
+    measured = {"command": "hf-dspark bench speed", "git_commit": "a" * 40, "dirty": False, "versions": {"torch": ""}}
+    assert tables._caveats(measured) == []
+    assert tables._caveats({**measured, "dirty": True})[0] == "the checkout had uncommitted changes"
 
 
 def test_a_result_without_provenance_is_refused(tmp_path, monkeypatch):
@@ -56,7 +82,7 @@ def test_a_changed_number_is_caught(tmp_path, monkeypatch):
     assert tables.main(["--readme", str(readme), "--check"]) == 0
     text = readme.read_text()
     first_ratio = text.index("×")
-    readme.write_text(text[:first_ratio + 1] + "9" + text[first_ratio + 2:])
+    readme.write_text(text[: first_ratio + 1] + "9" + text[first_ratio + 2 :])
     assert tables.main(["--readme", str(readme), "--check"]) == 1
 
 
