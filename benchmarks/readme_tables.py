@@ -73,7 +73,7 @@ def _caveats(record: dict) -> list[str]:
         notes.append(f"{' and '.join(unknown)} not recorded")
     program = next((word for word in record["command"].split() if word.endswith((".py", ".sh"))), None)
     if program is not None and not (ROOT / program).is_file():
-        notes.append(f"`{program}` has since been replaced")
+        notes.append(f"{program} has since been replaced")
     if notes:
         notes.append("re-measure with `benchmarks/measure_readme.sh`")
     return notes

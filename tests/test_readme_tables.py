@@ -54,7 +54,7 @@ def test_a_record_that_lacks_its_state_says_so_beneath_the_table():
     assert tables._caveats(rebuilt) == [
         "reconstructed from git history",
         "working-tree state and package versions not recorded",
-        "`scripts/no_such_program.py` has since been replaced",
+        "scripts/no_such_program.py has since been replaced",
         "re-measure with `benchmarks/measure_readme.sh`",
     ]
     measured = {"command": "hf-dspark bench speed", "git_commit": "a" * 40, "dirty": False, "versions": {"torch": ""}}
