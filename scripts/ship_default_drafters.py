@@ -6,19 +6,24 @@
     # 2. calibrate in place (writes the STS temperatures into config.json + calibration.json)
     hf-dspark calibrate --drafter src/hf_dspark/resources/drafters/smollm2-135m-instruct-dspark \
         --prompts data/calibration/heldout_train_prompts.jsonl --mode both --limit 48
-    # 3. after `hf-dspark eval`, write the model card with the measured τ
-    python scripts/ship_default_drafters.py card --variant dspark \
-        --checkpoint runs/dspark/checkpoint-400 \
-        --eval benchmarks/results/eval_t0.json benchmarks/results/eval_t1.json --cpu-hours 2.5
+    # 3. measure τ (ONLY=eval benchmarks/measure_readme.sh), then write the model card
+    python scripts/ship_default_drafters.py card --variant dspark --checkpoint runs/dspark/checkpoint-400 \
+        --eval benchmarks/results/KIND/eval_t0.json benchmarks/results/KIND/eval_t1.json --cpu-hours 2.5
+    # after a new measurement of τ: rewrite only the cards' τ tables (no checkpoint needed)
+    python scripts/ship_default_drafters.py tau --variant dspark \
+        --eval benchmarks/results/KIND/eval_t0.json benchmarks/results/KIND/eval_t1.json
 
-The card states the data, the training budget (steps, sequences, compute), τ per eval set at each
-temperature found in the given eval reports, the calibration result and the exact reproduction commands.
+KIND is the processor kind (`python -c "from hf_dspark.provenance import processor_kind; print(processor_kind())"`).
+The card states the data, the training budget (steps, sequences, compute), τ per eval set at each temperature found
+in the given eval reports with the files and commit they come from, the calibration result and the exact
+reproduction commands.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -40,8 +45,10 @@ EARLIER_STAGES = [
     "v5: warm start from the fp32 v4 checkpoint, 1,200 steps × 2 sequences, the same recipe at peak lr 5e-4 "
     "cosine, data order seed 3",
 ]
-TITLES = {"dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
-          "dflash": "DFlash-style baseline drafter for SmolLM2-135M-Instruct (hf-dspark)"}
+TITLES = {
+    "dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
+    "dflash": "DFlash-style baseline drafter for SmolLM2-135M-Instruct (hf-dspark)",
+}
 
 
 def reproduce_block(variant: str, args, limit: int, init: str | None = None) -> str:
@@ -51,7 +58,6 @@ def reproduce_block(variant: str, args, limit: int, init: str | None = None) -> 
     """
     out = f"runs/{variant}"
     folder = f"src/hf_dspark/resources/drafters/smollm2-135m-instruct-{variant}"
-    sets = "data/eval/gsm8k.jsonl data/eval/humaneval.jsonl data/eval/mt-bench.jsonl"
     steps, lr, seed = args.max_steps, f"{args.learning_rate:g}", args.seed
     init = init or folder
     before = ", as it was before this stage" if init == folder else ""
@@ -61,8 +67,8 @@ def reproduce_block(variant: str, args, limit: int, init: str | None = None) -> 
     kd_flag = f" --alpha_kd {kd:g}" if kd else ""
     batch, warmup = args.per_device_train_batch_size, args.warmup_steps
     return f"""```bash
-# the last stage: warm start from the previous stage ({init}{before}; earlier stages: the git history
-# of this folder and scripts/train_default.sh), 1 CPU thread, online {dtype} target features, dense anchors,
+# the last stage: warm start from the stage before ({init}{before}; every stage: CHANGELOG.md),
+# 1 CPU thread, online {dtype} target features, dense anchors,
 # 8,192-token draft vocabulary, {steps} cosine steps at peak lr {lr}; the validation split stays the one of seed 0
 OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --output_dir {out} \\
   --resume_from_checkpoint auto --init_drafter {init} {dtype_flags} --use_cpu True \\
@@ -76,12 +82,9 @@ OMP_NUM_THREADS=1 python -m hf_dspark.training --data data/train_regenerated --o
 python scripts/ship_default_drafters.py export --variant {variant} --checkpoint {out}/checkpoint-{steps} --force
 hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_prompts.jsonl \\
   --mode both --limit 48 --max-new-tokens 96 --batch-size 8 --threads 1
-# accepted length (γ = 7, no scheduler), first {limit} prompts per set, T = 0 and T = 1
-hf-dspark eval --drafters dspark=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dspark \\
-  dflash=src/hf_dspark/resources/drafters/smollm2-135m-instruct-dflash --prompt-lookup --sets {sets} \\
-  --limit {limit} --max-new-tokens 128 --batch-size 8 --threads 1 --temperature 0 --sweep \\
-  --out benchmarks/results/eval_t0.json
-hf-dspark eval ... (the same) --temperature 1 --out benchmarks/results/eval_t1.json
+# accepted length (γ = 7, no scheduler), first {limit} prompts per set, T = 0 and T = 1, into
+# benchmarks/results/<processor kind>/eval_t0.json and eval_t1.json (each file records its exact command)
+ONLY=eval THREADS=1 benchmarks/measure_readme.sh
 ```"""
 
 
@@ -100,6 +103,43 @@ def tau_rows(variant: str, eval_paths: list[str]) -> dict[str, dict[str, float]]
     return rows
 
 
+def eval_note(eval_paths: list[str]) -> str:
+    """How τ was measured, and the result files and commits it comes from."""
+    reports = [json.loads(Path(path).read_text()) for path in eval_paths]
+    limits = {report["config"]["limit"] for report in reports}
+    if len(limits) != 1 or None in limits:
+        raise SystemExit(f"the eval reports must share one --limit (they have {sorted(map(str, limits))})")
+    sources = ", ".join(
+        f"`{Path(path).as_posix()}` (commit `{(report.get('provenance') or {}).get('git_commit', 'unknown')[:10]}`)"
+        for path, report in zip(eval_paths, reports)
+    )
+    return (
+        f"Measured with `hf-dspark eval` on the first {limits.pop()} prompts of each set (MT-Bench: both turns), "
+        f"γ = ℓ = 7, no scheduler, 128 new tokens per turn, fp32 target on CPU: {sources}."
+    )
+
+
+def tau_markdown(variant: str, eval_paths: list[str]) -> str:
+    """The card's τ table (as the card template writes it) for the drafter named `variant`."""
+    rows = tau_rows(variant, eval_paths)
+    columns = list(dict.fromkeys(column for row in rows.values() for column in row))
+    lines = ["| eval set | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    lines += [f"| {name} | " + " | ".join(f"{row[c]:.2f}" for c in columns) + " |" for name, row in rows.items()]
+    return "\n".join(lines)
+
+
+TAU_SECTION = re.compile(r"(## Accepted length τ\n\n[^\n]*\n\n)(.*?)(\n\nCalibration |\n\n## )", re.S)
+
+
+def replace_tau_section(card: str, variant: str, eval_paths: list[str]) -> str:
+    """`card` with its τ table and measurement note rewritten from the eval reports."""
+    match = TAU_SECTION.search(card)
+    if match is None:
+        raise SystemExit("the model card has no '## Accepted length τ' section; write it with the card command")
+    body = tau_markdown(variant, eval_paths) + "\n\n" + eval_note(eval_paths)
+    return card[: match.start(2)] + body + card[match.end(2) :]
+
+
 def calibration_notes(folder: Path) -> str:
     """One line per mode from the calibration sidecar: mean per-position ECE before and after STS."""
     sidecar = folder / "calibration.json"
@@ -110,11 +150,15 @@ def calibration_notes(folder: Path) -> str:
         before, after = rep.get("ece_before"), rep.get("ece_after")
         if before and after:
             mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-            lines.append(f"- {mode}: mean per-position ECE {mean(before):.3f} → {mean(after):.3f} after STS "
-                         f"(temperatures {', '.join(f'{t:.2f}' for t in rep['temperatures'])})")
+            lines.append(
+                f"- {mode}: mean per-position ECE {mean(before):.3f} → {mean(after):.3f} after STS "
+                f"(temperatures {', '.join(f'{t:.2f}' for t in rep['temperatures'])})"
+            )
             if rep.get("acceptance"):
-                lines.append(f"  - conditional acceptance per position, the `auto` policy's starting estimate: "
-                             f"{', '.join(f'{q:.2f}' for q in rep['acceptance'])}")
+                lines.append(
+                    f"  - conditional acceptance per position, the `auto` policy's starting estimate: "
+                    f"{', '.join(f'{q:.2f}' for q in rep['acceptance'])}"
+                )
     return "Calibration (held-out training prompts, `calibration.json`):\n" + "\n".join(lines)
 
 
@@ -133,11 +177,13 @@ def budget_text(checkpoint: Path, cpu_hours: float | None, stage: str) -> tuple[
     kd = getattr(args, "alpha_kd", 0.0)
     if kd:
         recipe += f" plus the distillation term KL(p_target ‖ p_draft) at α_kd = {kd:g}"
-    text = (". ".join(earlier) + (". " if earlier else "") + f"{stage} (this stage): warm start from {previous}, "
-            f"{steps} steps × {batch} "
-            f"sequences, {recipe}, peak lr {args.learning_rate:g} cosine, data order seed {args.seed} "
-            f"({epochs:.3f} epochs of 9,000 sequences); {compute}. Training-batch τ estimate (T = 1) at the end: "
-            f"{last['tau_est']:.2f}")
+    text = (
+        ". ".join(earlier) + (". " if earlier else "") + f"{stage} (this stage): warm start from {previous}, "
+        f"{steps} steps × {batch} "
+        f"sequences, {recipe}, peak lr {args.learning_rate:g} cosine, data order seed {args.seed} "
+        f"({epochs:.3f} epochs of 9,000 sequences); {compute}. Training-batch τ estimate (T = 1) at the end: "
+        f"{last['tau_est']:.2f}"
+    )
     if held_out:
         text += f"; held-out (validation split) τ estimate: {held_out[-1]['eval_tau_est']:.3f}"
     return text + ".", args
@@ -164,48 +210,67 @@ def cmd_card(args: argparse.Namespace) -> None:
     folder = default_drafter_dir(args.variant)
     drafter = DSparkDrafter.from_pretrained(folder)
     budget, train_args = budget_text(Path(args.checkpoint), args.cpu_hours, args.stage)
-    limits = {json.loads(Path(path).read_text())["config"]["limit"] for path in args.eval}
-    if len(limits) != 1 or None in limits:
-        raise SystemExit(f"the eval reports must share one --limit (they have {sorted(map(str, limits))})")
-    limit = limits.pop()
-    notes = (f"Measured with `hf-dspark eval` on the first {limit} prompts of each set (MT-Bench: both turns), "
-             "γ = ℓ = 7, no scheduler, 128 new tokens per turn, fp32 target on CPU.\n\n" + calibration_notes(folder))
+    limit = json.loads(Path(args.eval[0]).read_text())["config"]["limit"]
+    notes = eval_note(args.eval) + "\n\n" + calibration_notes(folder)
     usage = f"""```python
 import hf_dspark
 
 target, tokenizer = hf_dspark.load_default_target()
-drafter = hf_dspark.load_default_drafter(target{', variant="dflash"' if args.variant == "dflash" else ''})
+drafter = hf_dspark.load_default_drafter(target{', variant="dflash"' if args.variant == "dflash" else ""})
 inputs = tokenizer.apply_chat_template([{{"role": "user", "content": "What is 17 * 23?"}}],
                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
 output = target.generate(**inputs, assistant_model=drafter, max_new_tokens=128)
 ```"""
-    write_model_card(drafter, folder, base_model=f"HuggingFaceTB/{DEFAULT_TARGET_NAME}", title=TITLES[args.variant],
-                     training_data=f"{TRAIN_DATA} (9,036 prompts from gsm8k train, Code Alpaca, ShareGPT; replies "
-                     "regenerated by the target, see data/README.md; 0.4% held out)", budget=budget,
-                     tau_table=tau_rows(args.variant, args.eval), notes=notes,
-                     reproduce=reproduce_block(args.variant, train_args, limit, args.init), usage=usage)
+    write_model_card(
+        drafter,
+        folder,
+        base_model=f"HuggingFaceTB/{DEFAULT_TARGET_NAME}",
+        title=TITLES[args.variant],
+        training_data=f"{TRAIN_DATA} (9,036 prompts from gsm8k train, Code Alpaca, ShareGPT; replies "
+        "regenerated by the target, see data/README.md; 0.4% held out)",
+        budget=budget,
+        tau_table=tau_rows(args.variant, args.eval),
+        notes=notes,
+        reproduce=reproduce_block(args.variant, train_args, limit, args.init),
+        usage=usage,
+    )
     print(f"wrote {folder / 'README.md'}")
+
+
+def cmd_tau(args: argparse.Namespace) -> None:
+    card = default_drafter_dir(args.variant) / "README.md"
+    card.write_text(replace_tau_section(card.read_text(encoding="utf-8"), args.variant, args.eval), encoding="utf-8")
+    print(f"rewrote the τ table of {card}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("export", "card"):
+    for name in ("export", "card", "tau"):
         p = sub.add_parser(name)
         p.add_argument("--variant", choices=["dspark", "dflash"], required=True, help="which default drafter")
+        if name == "tau":
+            p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
+            continue
         p.add_argument("--checkpoint", required=True, help="training checkpoint folder (fp32, with trainer_state)")
         if name == "export":
             p.add_argument("--force", action="store_true", help="replace the shipped drafter")
         else:
             p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
             p.add_argument("--cpu-hours", type=float, default=None, help="training compute in all stages")
-            p.add_argument("--stage", default="v4", type=stage_name,
-                           help="the checkpoint's stage, 'v' and a number (v2, v3, v4, ...)")
-            p.add_argument("--init", default=None,
-                           help="what the stage warm-started from, as passed to --init_drafter (default: the shipped "
-                                "folder)")
+            p.add_argument(
+                "--stage",
+                default="v4",
+                type=stage_name,
+                help="the checkpoint's stage, 'v' and a number (v2, v3, v4, ...)",
+            )
+            p.add_argument(
+                "--init",
+                default=None,
+                help="what the stage warm-started from, as passed to --init_drafter (default: the shipped folder)",
+            )
     args = parser.parse_args()
-    cmd_export(args) if args.command == "export" else cmd_card(args)
+    {"export": cmd_export, "card": cmd_card, "tau": cmd_tau}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,19 @@ def test_the_hybrid_rows_appear_beside_transformers_prompt_lookup(tmp_path, monk
     assert labels.index("hybrid (DSpark or prompt lookup per row), `auto`") < labels.index("prompt lookup")
     hybrid = next(line for line in lines if "| hybrid, ℓ = γ |" in line)
     assert hybrid.count("×1.25 (τ 2.50)") == len(report["results"])
+
+
+@pytest.mark.parametrize("variant", ["dspark", "dflash"])
+def test_model_cards_show_the_tau_of_the_eval_results_they_name(variant, monkeypatch):
+    spec = importlib.util.spec_from_file_location("ship", ROOT / "scripts" / "ship_default_drafters.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    card = (ROOT / f"src/hf_dspark/resources/drafters/smollm2-135m-instruct-{variant}/README.md").read_text()
+    sources = re.findall(r"`(benchmarks/results/[^`]+/eval_t\d\.json)`", card)
+    assert sources, f"the {variant} card names no eval result"
+    assert all((ROOT / path).is_file() for path in sources)
+    monkeypatch.chdir(ROOT)  # the card names the files relative to the repository
+    assert card == ship.replace_tau_section(card, variant, sources), (
+        f"the {variant} card's τ table disagrees with {sources}; run python scripts/ship_default_drafters.py tau "
+        f"--variant {variant} --eval {' '.join(sources)}"
+    )
