@@ -33,7 +33,20 @@ def _targets(node: ast.AST, module: str, is_package: bool, modules) -> set[str]:
     return subs
 
 
-def import_graph() -> dict[str, set[str]]:
+def _nested(tree: ast.AST, kinds: tuple[type, ...], only_body: bool = False) -> set[int]:
+    """ids of every node inside a node of `kinds` (only inside its `body` with `only_body`)."""
+    return {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, kinds)
+        for stmt in (node.body if only_body else [node])
+        for inner in ast.walk(stmt)
+        if inner is not node
+    }
+
+
+def _edges(local: bool) -> dict[str, set[str]]:
+    """Each module's hf_dspark imports: all of them (`local=False`), or only those inside a function body."""
     modules = _modules()
     graph = {}
     for module, (path, is_package) in modules.items():
@@ -45,12 +58,25 @@ def import_graph() -> dict[str, set[str]]:
             for stmt in node.body
             for inner in ast.walk(stmt)
         }
+        in_function = _nested(tree, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) if local else set()
         edges: set[str] = set()
         for node in ast.walk(tree):
-            if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in typing_only:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in typing_only:
+                continue
+            if not local or id(node) in in_function:
                 edges |= _targets(node, module, is_package, modules)
         graph[module] = edges - {module}
     return graph
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the hf_dspark modules it imports, at module level or inside functions."""
+    return _edges(local=False)
+
+
+def local_import_graph() -> dict[str, set[str]]:
+    """module -> the hf_dspark modules it imports inside a function body only (deferred imports)."""
+    return _edges(local=True)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -81,8 +107,10 @@ def test_the_checker_finds_a_cycle():
 
 
 def test_function_local_imports_are_edges():
-    graph = import_graph()
-    assert "hf_dspark.profiling" in graph["hf_dspark.generation.policy"]  # imported inside policy_from_config
+    graph, local = import_graph(), local_import_graph()
+    assert "hf_dspark.interop.loading" in graph["hf_dspark"]  # imported inside the root's `_load_drafter` hook
+    assert "hf_dspark.interop.loading" in local["hf_dspark"]
+    assert "hf_dspark.modeling_dspark" not in local["hf_dspark"]  # a module-level import
     assert len(graph) > 50
 
 
@@ -149,3 +177,65 @@ def test_modeling_dspark_imports_nothing_above_it():
     above = sorted(m for m in reachable(graph, "hf_dspark.modeling_dspark") if m.startswith(ABOVE_MODELING))
     assert above == [], f"hf_dspark.modeling_dspark loads {above}"
     assert "hf_dspark" not in reachable(graph, "hf_dspark.modeling_dspark")
+
+
+ROOT = "hf_dspark"
+
+
+def subpackages(graph: dict[str, set[str]]) -> tuple[str, ...]:
+    """`hf_dspark.X` for every subpackage X (each merged into one node by `package_graph`)."""
+    return tuple(sorted({".".join(m.split(".")[:2]) for m in graph if m.count(".") >= 2}))
+
+
+def package_of(module: str, packages: tuple[str, ...]) -> str:
+    return next((p for p in packages if module == p or module.startswith(p + ".")), module)
+
+
+def test_subpackages_and_modules_form_no_cycle():
+    """With every subpackage one node (the root and the top-level modules their own), the graph has no cycle:
+    a cycle through two packages (`generation` -> `profiling` -> `generation`) fails even when no module-level
+    cycle does."""
+    graph = import_graph()
+    cycle = find_cycle(package_graph(graph, subpackages(graph)))
+    assert cycle is None, f"package-level import cycle: {' -> '.join(cycle)}"
+
+
+def test_no_module_imports_the_package_root():
+    """`hf_dspark/__init__.py` reaches every layer (its hooks); a module importing it would close a circle."""
+    importers = sorted(m for m, targets in import_graph().items() if ROOT in targets)
+    assert importers == [], f"{importers} import {ROOT} itself; import the module that defines the name instead"
+
+
+def upward_local_imports(
+    graph: dict[str, set[str]], local: dict[str, set[str]], packages: tuple[str, ...]
+) -> list[str]:
+    """Function-local imports `a -> b` where b (or b's package) loads a (or a's package): a deferred import that
+    only hides a circle."""
+    merged = package_graph(graph, packages)
+    found = []
+    for module, targets in sorted(local.items()):
+        for target in sorted(targets):
+            here, there = package_of(module, packages), package_of(target, packages)
+            if here == there:
+                upward = module in reachable(graph, target)
+            else:
+                upward = here in reachable(merged, there)
+            if upward:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_the_upward_checker_finds_a_deferred_import_back_into_a_package():
+    graph = {"p.a": {"q.b"}, "q.b": set(), "q.c": {"p.d"}, "p.d": set()}
+    assert upward_local_imports(graph, {"q.c": {"p.d"}}, ("p", "q")) == ["q.c -> p.d"]
+    graph = {"p.a": {"q.b"}, "q.b": set(), "q.c": set(), "p.d": set()}
+    assert upward_local_imports(graph, {"p.a": {"q.b"}}, ("p", "q")) == []
+    graph = {"p.a": {"p.b"}, "p.b": {"p.a"}}
+    assert upward_local_imports(graph, {"p.b": {"p.a"}}, ("p",)) == ["p.b -> p.a"]
+
+
+def test_function_local_imports_point_down():
+    """A deferred import may keep `import hf_dspark` light; it may not reach a layer that loads the importer."""
+    graph = import_graph()
+    upward = upward_local_imports(graph, local_import_graph(), subpackages(graph))
+    assert upward == [], f"upward function-local imports: {upward}"

@@ -31,6 +31,9 @@ def test_tiny_run_writes_the_report(tmp_path, capsys):
     )
     report = json.loads(out.read_text())
     assert set(PROVENANCE_KEYS) <= set(report["provenance"])
+    provenance = report["provenance"]
+    assert provenance["command"].startswith("python benchmarks/loop_overhead.py --batches 1 2")
+    assert provenance["threads"] == 1 and isinstance(provenance["dirty"], bool) and provenance["versions"]["torch"]
     assert report["threads"] == 1 and report["code"]["root"] == str(SCRIPT.parents[1])
     cases = {r["key"]: r for r in report["cases"]}
     assert set(cases) == {"plain@1", "plain@2", "fixed@1", "fixed@2", "auto@1", "auto@2", "auto-nodraft@1", "stock@1"}

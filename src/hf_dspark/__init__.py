@@ -10,11 +10,11 @@ from transformers import AutoConfig, AutoModel
 
 from .cache import DSparkDraftCache
 from .configuration_dspark import DSparkConfig
+from .curve_sources import CURVE_SOURCES
 from .defaults import load_default_drafter, load_default_target
 from .drafter_hooks import HOOKS
 from .modeling_dspark import DSparkDrafter, DSparkDrafterOutput, DSparkProposal
-
-__version__ = "0.1.0"
+from .version import __version__
 
 # Auto-class registration, as transformers' own model files do on import.
 AutoConfig.register("dspark", DSparkConfig, exist_ok=True)
@@ -51,6 +51,23 @@ HOOKS.load_drafter = _load_drafter
 HOOKS.add_remote_code = _add_remote_code
 HOOKS.enable_generate = _enable_generate
 HOOKS.last_generation_stats = _last_generation_stats
+
+
+# The cost curves `generate` and the engine look up when the caller passes none (profiling sits above generation).
+def _step_curve(target, packed_weights):
+    from .profiling import load_or_profile_step_curve
+
+    return load_or_profile_step_curve(target, packed_weights=packed_weights)
+
+
+def _draft_curve(drafter):
+    from .draft_profiling import load_or_profile_draft_curve
+
+    return load_or_profile_draft_curve(drafter)
+
+
+CURVE_SOURCES.step_curve = _step_curve
+CURVE_SOURCES.draft_curve = _draft_curve
 
 
 def __getattr__(name: str):

@@ -287,12 +287,16 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
     # ------------------------------------------------------------------ proposal (Eqs. 4-7)
     def confidence_temperatures(self, greedy: bool, device) -> torch.Tensor:
-        """The STS temperatures `[γ]` of this decoding mode on `device`, uploaded once per (values, device)."""
+        """The STS temperatures `[γ]` of this decoding mode on `device`, uploaded once per (values, device) without
+        blocking the host (pinned staging on CUDA)."""
         values = tuple(self.config.temperatures_for(greedy))
         key = (values, str(device))
         cached = self.__dict__.setdefault("_temperature_tensors", {})
         if key not in cached:
-            cached[key] = torch.tensor(values, device=device, dtype=torch.float32)
+            host = torch.tensor(values, dtype=torch.float32)
+            if torch.device(device).type == "cuda":
+                host = host.pin_memory()
+            cached[key] = host.to(device, non_blocking=True)
         return cached[key]
 
     @torch.no_grad()

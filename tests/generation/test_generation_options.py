@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import fields
+from pathlib import Path
 
 import pytest
 from transformers import GenerationConfig
@@ -24,13 +26,16 @@ def test_parsed_from_a_generation_config():
     assert (policy.name, policy.verify_len, policy.greedy) == ("fixed", 2, True)
 
 
-@pytest.mark.parametrize(("field", "value", "match"), [
-    ("dspark_threshold", 1.5, r"dspark_threshold must be a number in \[0, 1\]"),
-    ("dspark_verify_len", -1, "dspark_verify_len must be a non-negative integer"),
-    ("dspark_policy", "fastest", r"dspark_policy must be one of \['auto'"),
-    ("dspark_measured_costs", "yes", "dspark_measured_costs must be True or False"),
-    ("dspark_policy_memory", object(), "dspark_policy_memory must be a hf_dspark.scheduling.PolicyMemory"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("dspark_threshold", 1.5, r"dspark_threshold must be a number in \[0, 1\]"),
+        ("dspark_verify_len", -1, "dspark_verify_len must be a non-negative integer"),
+        ("dspark_policy", "fastest", r"dspark_policy must be one of \['auto'"),
+        ("dspark_measured_costs", "yes", "dspark_measured_costs must be True or False"),
+        ("dspark_policy_memory", object(), "dspark_policy_memory must be a hf_dspark.scheduling.PolicyMemory"),
+    ],
+)
 def test_each_field_is_validated_with_its_name(field, value, match):
     with pytest.raises(ValueError, match=match):
         DSparkGenerationOptions(**{field: value})
@@ -44,3 +49,48 @@ def test_one_description_per_field_and_the_table_lists_them():
     assert all(f"`{name}`" in line for name, line in zip(names, table[2:]))
     with pytest.raises(ValueError, match="did you mean 'dspark_threshold'"):
         validate_dspark_options({"dspark_treshold": 0.5})
+
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "hf_dspark"
+OPTIONS_MODULE = SRC / "generation" / "options.py"
+
+
+def option_reads(source: str, names: set[str]) -> list[str]:
+    """Reads of the runtime options `names` that bypass `DSparkGenerationOptions`: `getattr(x, "dspark_...")` and
+    `x.dspark_...` loads whose owner is not an options object (its source text names no `options`)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        by_name = (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in names
+        )
+        by_attribute = (
+            isinstance(node, ast.Attribute)
+            and node.attr in names
+            and isinstance(node.ctx, ast.Load)
+            and "options" not in ast.unparse(node.value)
+        )
+        if by_name or by_attribute:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_option_read_finder_finds_both_spellings():
+    names = {"dspark_policy"}
+    source = "a = getattr(config, 'dspark_policy', None)\nb = config.dspark_policy\nc = options.dspark_policy\n"
+    assert option_reads(source, names) == ["1: getattr(config, 'dspark_policy', None)", "2: config.dspark_policy"]
+
+
+def test_runtime_options_are_read_only_through_the_options_object():
+    """Outside `options.py`, no module reads a `dspark_*` runtime option off a GenerationConfig or a namespace."""
+    names = {f.name for f in fields(DSparkGenerationOptions)}
+    reads = {
+        str(path.relative_to(SRC)): found
+        for path in sorted(SRC.rglob("*.py"))
+        if path != OPTIONS_MODULE and (found := option_reads(path.read_text(encoding="utf-8"), names))
+    }
+    assert reads == {}, f"read DSparkGenerationOptions.from_generation_config(...) instead: {reads}"

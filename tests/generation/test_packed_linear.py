@@ -283,3 +283,59 @@ def test_two_threads_on_one_target_dspark_and_plain_forwards_stay_apart(monkeypa
     thread.join()
     assert len(outputs) == 4 and all(torch.equal(out, reference) for out in outputs)
     assert callers == {thread.ident}  # the packed kernels ran for the verifying thread only
+
+
+def test_a_plain_forward_beside_dspark_verification_on_one_target_is_bitwise_plain(monkeypatch):
+    """Thread 1 runs DSpark `generate` (packed weights and packed attention swapped in); while it is inside a
+    verification forward, thread 2 runs a plain forward of the same target: it never enters a packed path and gives
+    bit for bit the plain logits, and thread 1's greedy tokens are plain `generate`'s."""
+    from hf_dspark.generation import attention
+    from hf_dspark.generation.attention import PACKED_SDPA
+
+    packed_callers: dict[str, set[int]] = {"linear": set(), "attention": set()}
+    spied = ((packed_linear, "_packed_linear", "linear"), (attention, "packed_gqa_sdpa", "attention"))
+    for owner, name, kind in spied:
+        original = getattr(owner, name)
+
+        def spy(*args, _original=original, _kind=kind, **kwargs):
+            packed_callers[_kind].add(threading.get_ident())
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, spy)
+
+    target = make_target("llama", seed=11)
+    ids, mask = ragged_prompts(3, seed=23)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    drafter = make_drafter(target)
+    with torch.no_grad():
+        plain_logits = target(input_ids=ids[:, -4:], attention_mask=mask[:, -4:]).logits
+    inside, resume, seen, result = threading.Event(), threading.Event(), [], {}
+
+    def pause_inside_verification(module, args, output):  # a hook on the final norm: the forward is under way
+        verifying = target.config._attn_implementation == PACKED_SDPA
+        if threading.current_thread() is worker and verifying and not inside.is_set():
+            inside.set()
+            resume.wait(10)
+
+    def run():
+        result["output"] = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
+                                           assistant_model=drafter, dspark_packed_weights=True)
+
+    hook = target.model.norm.register_forward_hook(pause_inside_verification)
+    worker = threading.Thread(target=run)
+    worker.start()
+    try:
+        assert inside.wait(30), "the DSpark thread never reached a packed verification forward"
+        swapped = "forward" in vars(target.model.layers[0].mlp.down_proj)
+        seen.append((target.config._attn_implementation, swapped))
+        with torch.no_grad():
+            beside = target(input_ids=ids[:, -4:], attention_mask=mask[:, -4:]).logits  # rows the packs would take
+    finally:
+        resume.set()
+        worker.join(60)
+        hook.remove()
+    assert seen == [(PACKED_SDPA, True)]  # both swaps were live on the shared target during the plain forward
+    assert packed_callers == {"linear": {worker.ident}, "attention": {worker.ident}}
+    assert torch.equal(beside, plain_logits)
+    assert torch.equal(result["output"], reference)
+    assert target.config._attn_implementation == "sdpa" and "forward" not in vars(target.model.layers[0].mlp.down_proj)

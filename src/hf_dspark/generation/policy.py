@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers.utils import logging
 
+from ..curve_sources import CURVE_SOURCES
 from ..functional import prefix_survival
 from ..scheduling.acceptance import heldout_acceptance
 from ..scheduling.expectation import expected_tokens
@@ -97,12 +98,19 @@ class VerificationPolicy:
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
-            raise ValueError(f"block_size (γ, the drafter's draft tokens per round) must be an int >= 1, got "
-                             f"{self.block_size!r}.")
+            raise ValueError(
+                f"block_size (γ, the drafter's draft tokens per round) must be an int >= 1, got {self.block_size!r}."
+            )
         self.name = canonical_policy_name(self.name)
-        validate_dspark_options({"dspark_policy": self.name, "dspark_verify_len": self.verify_len,
-                                 "dspark_threshold": self.threshold, "dspark_step_curve": self.step_curve,
-                                 "dspark_draft_curve": self.draft_curve})
+        validate_dspark_options(
+            {
+                "dspark_policy": self.name,
+                "dspark_verify_len": self.verify_len,
+                "dspark_threshold": self.threshold,
+                "dspark_step_curve": self.step_curve,
+                "dspark_draft_curve": self.draft_curve,
+            }
+        )
         cls = get_policy(self.name)
         if self.verify_len is not None and not 0 <= self.verify_len <= self.block_size:
             raise ValueError(f"dspark_verify_len must be in 0..{self.block_size} (γ), got {self.verify_len}.")
@@ -117,10 +125,19 @@ class VerificationPolicy:
             self.draft_curve = StepCurve.load(self.draft_curve)
         if self.acceptance_prior is None and self.memory_key is not None:
             self.acceptance_prior = heldout_acceptance(self.memory_key, self.greedy)
-        self.rule = cls(PolicySettings(
-            block_size=self.block_size, verify_len=self.verify_len, threshold=self.threshold,
-            step_curve=self.step_curve, draft_curve=self.draft_curve, greedy=self.greedy,
-            measured_costs=self.measured_costs, acceptance_prior=self.acceptance_prior, memory=self.memory))
+        self.rule = cls(
+            PolicySettings(
+                block_size=self.block_size,
+                verify_len=self.verify_len,
+                threshold=self.threshold,
+                step_curve=self.step_curve,
+                draft_curve=self.draft_curve,
+                greedy=self.greedy,
+                measured_costs=self.measured_costs,
+                acceptance_prior=self.acceptance_prior,
+                memory=self.memory,
+            )
+        )
 
     @property
     def planner(self):
@@ -182,29 +199,28 @@ def policy_from_config(generation_config, block_size: int, target=None, drafter=
     """Build the policy from `generation_config`'s `dspark_*` attributes (see the module docstring), parsed once
     into `DSparkGenerationOptions`; `policy_from_options` does the rest."""
     options = DSparkGenerationOptions.from_generation_config(generation_config)
-    return policy_from_options(options, block_size, greedy=not generation_config.do_sample, target=target,
-                               drafter=drafter)
+    return policy_from_options(
+        options, block_size, greedy=not generation_config.do_sample, target=target, drafter=drafter
+    )
 
 
-def policy_from_options(options: DSparkGenerationOptions, block_size: int, greedy: bool = True, target=None,
-                        drafter=None) -> VerificationPolicy:
+def policy_from_options(
+    options: DSparkGenerationOptions, block_size: int, greedy: bool = True, target=None, drafter=None
+) -> VerificationPolicy:
     """The policy of `options`, its curves resolved here (never inside the policy).
 
     target: the target model; when given, a load-aware policy without `dspark_step_curve` gets the curve of this
-    target's (model, device, dtype, current torch threads) from `load_or_profile_step_curve`. drafter: for
-    `"auto"`, whose cost curve is looked up the same way (`load_or_profile_draft_curve`) and whose held-out
+    target's (model, device, dtype, current torch threads) from `CURVE_SOURCES.step_curve`
+    (`hf_dspark.profiling.load_or_profile_step_curve`). drafter: for `"auto"`, whose cost curve is looked up the
+    same way (`CURVE_SOURCES.draft_curve`, `hf_dspark.draft_profiling.load_or_profile_draft_curve`) and whose held-out
     acceptance is its prior. greedy: the decoding mode (`not do_sample`).
     """
     name = canonical_policy_name(options.dspark_policy or DEFAULT_POLICY)
     step_curve, draft_curve = options.dspark_step_curve, options.dspark_draft_curve
     if get_policy(name).needs_step_curve and step_curve is None and target is not None:
-        from ..profiling import load_or_profile_step_curve
-
-        step_curve = load_or_profile_step_curve(target, packed_weights=options.dspark_packed_weights)
+        step_curve = CURVE_SOURCES.get("step_curve")(target, options.dspark_packed_weights)
     if name == "auto" and draft_curve is None and drafter is not None:
-        from ..draft_profiling import load_or_profile_draft_curve
-
-        draft_curve = load_or_profile_draft_curve(drafter)
+        draft_curve = CURVE_SOURCES.get("draft_curve")(drafter)
     return VerificationPolicy(
         name=name,
         block_size=block_size,

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .. import __version__
 from ..configuration_dspark import DSparkConfig
+from ..version import __version__
 from .contracts import SPECULATORS, EngineContract
 from .layout_flags import NESTED, layout_fields
 
