@@ -9,6 +9,7 @@ import torch
 from hf_dspark import DSparkConfig, DSparkDrafter, defaults, load_default_target
 from hf_dspark.eval.oracle import oracle_for
 from hf_dspark.eval.prompts import chat_input_ids
+from hf_dspark.generation.target_checks import quantization_found
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +24,8 @@ def test_default_target_loads_offline(smollm2):
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id is not None
     ids = chat_input_ids(tokenizer, ["Say hi."])
     assert tokenizer.decode(ids[0]).count("<|im_start|>") >= 2
+    # the GGUF weights were dequantized on load: no quantizer record is left for DSpark to refuse
+    assert quantization_found(model) is None and not model.is_quantized
 
 
 def test_missing_package_names_the_install_command(monkeypatch):

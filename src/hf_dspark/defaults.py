@@ -49,12 +49,25 @@ def load_default_target(dtype: torch.dtype = torch.float32, device: str | torch.
     folder = default_target_dir()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=DEFAULT_TARGET_GGUF, dtype=dtype)
+    forget_gguf_quantizer(model)
     model.to(device).eval()
     model.name_or_path = DEFAULT_TARGET_NAME
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
+
+
+def forget_gguf_quantizer(model) -> None:
+    """Drop the GGUF quantizer record a GGUF load leaves on `model` although its weights were dequantized to plain
+    `nn.Linear` tensors of the requested dtype: nothing quantized remains, and the record would make DSpark refuse
+    the target as a quantized one. A model with quantized layers left is not touched."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is None or type(quantizer).__name__ != "GgufHfQuantizer":
+        return
+    if any(not isinstance(p, torch.nn.Parameter) or not p.dtype.is_floating_point for p in model.parameters()):
+        return
+    quantizer.remove_quantization_config(model)
 
 
 def default_drafter_dir(variant: str = "dspark") -> Path:
