@@ -49,7 +49,7 @@ def real_setup(drafter_path: str | None, data: str, max_examples: int):
     from hf_dspark.defaults import load_default_drafter, load_default_target
 
     target, tokenizer = load_default_target(torch.float32)
-    drafter = load_default_drafter(target, drafter_path)
+    drafter = load_default_drafter(target, drafter_path, kind="dspark")  # the DSparkDrafter to fine-tune
     dataset = build_dataset(load_conversations([data])[:max_examples], tokenizer)
     return target, drafter, None, dataset
 

@@ -69,7 +69,7 @@ def main() -> None:
     summary = {"threads": args.threads, "variant": args.variant, "processor": processor_signature("cpu"), "dtypes": {}}
     for name in args.dtypes:
         target, _ = load_default_target(dtype=getattr(torch, name))
-        drafter = load_default_drafter(target, variant=args.variant)
+        drafter = load_default_drafter(target, variant=args.variant, kind="dspark")
         packs = linear_packs_for(target, PACKED_WEIGHTS_CHOICES[args.packed_weights])
         step_path = shipped_step_curve_path(target.name_or_path, "cpu", step_curve_key(target, args.threads, packs)[2],
                                             args.threads)

@@ -9,6 +9,8 @@ import torch
 from hf_dspark import DSparkConfig, DSparkDrafter, defaults, load_default_target
 from hf_dspark.eval.oracle import oracle_for
 from hf_dspark.eval.prompts import chat_input_ids
+from hf_dspark.generation.target_checks import quantization_found
+from hf_dspark.proposers import HybridDrafter, PromptLookupProposer
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +25,8 @@ def test_default_target_loads_offline(smollm2):
     assert tokenizer.padding_side == "left" and tokenizer.pad_token_id is not None
     ids = chat_input_ids(tokenizer, ["Say hi."])
     assert tokenizer.decode(ids[0]).count("<|im_start|>") >= 2
+    # the GGUF weights were dequantized on load: no quantizer record is left for DSpark to refuse
+    assert quantization_found(model) is None and not model.is_quantized
 
 
 def test_missing_package_names_the_install_command(monkeypatch):
@@ -42,8 +46,10 @@ def test_missing_default_drafter_says_how_to_get_one(smollm2, tmp_path):
 def test_real_target_greedy_batch_identical(smollm2):
     model, tokenizer = smollm2
     prompts = ["What is 7 times 8?", "Write a Python function that reverses a string."]
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True) for p in prompts]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in prompts
+    ]
     inputs = tokenizer(texts, return_tensors="pt", padding=True)
     reference = model.generate(**inputs, do_sample=False, max_new_tokens=48)
     untrained = DSparkDrafter(DSparkConfig.from_target(model.config, block_size=5, markov_rank=32)).bind_target(model)
@@ -91,7 +97,7 @@ def test_shipped_drafters_are_bf16_calibrated_and_lossless(smollm2, variant, hea
     assert dtypes.get("d2t") == "I64" and dtypes.get("t2d") == "BOOL"
     assert "## Reproduce" in (folder / "README.md").read_text()
     model, tokenizer = smollm2
-    drafter = defaults.load_default_drafter(model, variant=variant)
+    drafter = defaults.load_default_drafter(model, variant=variant, kind="dspark")
     config = drafter.config
     assert config.head_type == head and config.block_size == 7 and config.num_hidden_layers == 2
     assert config.draft_vocab_size == 8192 and drafter.draft_token_ids().numel() == 8192
@@ -105,3 +111,20 @@ def test_shipped_drafters_are_bf16_calibrated_and_lossless(smollm2, variant, hea
 def test_unknown_default_variant_is_refused():
     with pytest.raises(ValueError, match="dflash"):
         defaults.default_drafter_dir("eagle")
+
+
+def test_default_drafter_is_the_hybrid_and_lossless(smollm2):
+    model, tokenizer = smollm2
+    drafter = defaults.load_default_drafter(model)
+    assert isinstance(drafter, HybridDrafter) and isinstance(drafter.proposer, PromptLookupProposer)
+    assert isinstance(drafter.drafter, DSparkDrafter) and drafter.config.block_size == 7
+    ids = chat_input_ids(tokenizer, ["Repeat after me three times: the quick brown fox jumps over the lazy dog."])
+    plain = model.generate(ids, do_sample=False, max_new_tokens=40)
+    assert torch.equal(model.generate(ids, assistant_model=drafter, do_sample=False, max_new_tokens=40), plain)
+    assert drafter.last_generation_stats.mean_accepted_length > 1.0
+    assert sum(drafter.source_counts) > 0
+
+
+def test_unknown_default_drafter_kind_is_refused_before_loading():
+    with pytest.raises(ValueError, match=r"kind 'eagle'.*\['hybrid', 'dspark'\]"):
+        defaults.load_default_drafter(None, kind="eagle")

@@ -80,6 +80,6 @@ def test_wheel_installs_and_runs_outside_the_source_tree(tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     demo = _run([str(env_dir / "bin" / "hf-dspark"), "demo", "--max-new-tokens", "16", "--threads", "1",
                  "--device", "cpu", "--dtype", "float32"], outside, env)  # fp32: bit-identical to plain generate
-    assert "Drafting with the shipped default DSpark drafter." in demo
+    assert "Drafting with the default drafter: per round, the shipped default DSpark drafter or prompt lookup" in demo
     assert "identical output" in demo
     assert "'auto' drafted in" in demo and "held-out acceptance" in demo  # the demo explains what auto did

@@ -72,14 +72,15 @@ def untrained_drafter(target, block_size: int):
 
 
 def load_drafter(target, path: str | None, block_size: int = 7):
-    """(drafter, description): the trained drafter at `path`, the shipped default, or (saying so) an untrained one."""
+    """(drafter, description): the trained drafter at `path`, the shipped DSpark drafter alone (not the default
+    hybrid: the benchmarks build their hybrid around it), or (saying so) an untrained one."""
     from ..defaults import load_default_drafter
     from ..modeling_dspark import DSparkDrafter
 
     if path is not None:
         return DSparkDrafter.from_pretrained(path, target=target), f"drafter {path}"
     try:
-        return load_default_drafter(target), "the shipped default DSpark drafter"
+        return load_default_drafter(target, kind="dspark"), "the shipped default DSpark drafter"
     except FileNotFoundError:
         drafter = untrained_drafter(target, block_size)
         return drafter, "an UNTRAINED drafter (no shipped default in this installation): expect ~1 token per round"
@@ -93,7 +94,7 @@ def load_baseline(target, path: str | None):
     if path is not None:
         return DSparkDrafter.from_pretrained(path, target=target), f"drafter {path}"
     try:
-        return load_default_drafter(target, variant="dflash"), "the shipped DFlash-style baseline"
+        return load_default_drafter(target, variant="dflash", kind="dspark"), "the shipped DFlash-style baseline"
     except FileNotFoundError:
         return None, "nothing (no baseline ships in this installation; the method is skipped)"
 
@@ -130,8 +131,13 @@ def load_drafter_spec(target, path: str):
     return drafter.eval()
 
 
-def add_runtime_arguments(parser: argparse.ArgumentParser, threads: int, auto_dtype: bool = True,
-                          dtype_help: str | None = None, dtype_default: str = "auto") -> None:
+def add_runtime_arguments(
+    parser: argparse.ArgumentParser,
+    threads: int,
+    auto_dtype: bool = True,
+    dtype_help: str | None = None,
+    dtype_default: str = "auto",
+) -> None:
     """`--threads`, `--device` and `--dtype` of a command that loads the target (one definition for all of them).
 
     auto_dtype: offer `--dtype auto` (bf16 where it is native); dtype_default / dtype_help: its default and help text
@@ -139,8 +145,12 @@ def add_runtime_arguments(parser: argparse.ArgumentParser, threads: int, auto_dt
     parser.add_argument("--threads", type=positive_int, default=threads, help="torch CPU threads, pinned")
     parser.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
     if auto_dtype:
-        parser.add_argument("--dtype", default=dtype_default, choices=["auto", *DTYPE_CHOICES], help=dtype_help or
-                            "target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)")
+        parser.add_argument(
+            "--dtype",
+            default=dtype_default,
+            choices=["auto", *DTYPE_CHOICES],
+            help=dtype_help or "target dtype (auto: bfloat16 where the CPU/GPU computes it natively, else float32)",
+        )
     else:
         parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
 
