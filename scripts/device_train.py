@@ -10,10 +10,11 @@ serving engines require), fine-tuned on each data arm concurrently, then τ of t
    weights fitted to reproduce the init's attention projections on 8 training sequences (`fit_qk_norms`).
 2. One process per arm trains from that converted init at the same time on the one device: configs/recipe.yaml
    except a GPU batch (`--batch`, default 16 sequences on CUDA, 8× the recipe's 2), a bf16 target with bf16
-   autocast on CUDA (fp32 master weights), no checkpoints, and the step count from the measured speed:
-   `TimeBudgetCallback` times the warmup steps, every arm plans the steps that fit in `--minutes`, and all arms take
-   the smallest plan, so the A/B has equal steps and batch; the cosine schedule ends at that step. A hard stop at
-   `--minutes` catches a slowdown.
+   autocast on CUDA (fp32 master weights), no checkpoints, and the step count from the measured speed: the arms
+   start their clocks together once all have loaded their data, `TimeBudgetCallback` times the warmup steps, every
+   arm plans the steps that fit in `--minutes`, and all arms take the smallest plan, so the A/B has equal steps and
+   batch; the cosine schedule ends at that step. A hard stop at `--minutes` (or earlier, when half the grace time
+   would not remain for saving and evaluating) catches a slowdown.
 3. Each trained drafter is saved in bf16 with `save_pretrained(max_shard_size="15MB")` into `--out/<arm>/`
    (config.json, safetensors shards under 16 MiB, the index), then evaluated in its process; the init (as shipped)
    and the converted init are evaluated by two more processes: `hf-dspark eval`'s `accepted_length.evaluate` on
