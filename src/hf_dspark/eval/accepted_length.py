@@ -284,7 +284,15 @@ def load_sets(config: EvalConfig) -> dict[str, list[dict]]:
 
 def run_eval(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDrafter]) -> dict:
     """Run (or resume) the whole evaluation; writes and returns the JSON report (see `eval_report`)."""
-    from .eval_report import build_report, write_report
+    from .eval_report import write_report
+
+    report, arrays = evaluate(config, target, tokenizer, drafters)
+    return write_report(report, config.out, arrays)
+
+
+def evaluate(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDrafter]) -> tuple[dict, dict]:
+    """`run_eval` without writing anything but the work file: (report, reliability arrays for the figures)."""
+    from .eval_report import build_report
 
     if PROMPT_LOOKUP in drafters:
         raise ValueError(f"the drafter name {PROMPT_LOOKUP!r} is reserved for --prompt-lookup")
@@ -305,5 +313,4 @@ def run_eval(config: EvalConfig, target, tokenizer, drafters: dict[str, DSparkDr
             run_plan_on_set(plan, set_name, items, target, tokenizer, config, work)
     arrays: dict = {}
     report = build_report(config, plans, skipped, sets, work, wall_seconds=time.perf_counter() - start, arrays=arrays)
-    report = {"config": asdict(config), **report}
-    return write_report(report, config.out, arrays)
+    return {"config": asdict(config), **report}, arrays

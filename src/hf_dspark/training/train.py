@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback, set_seed
 from transformers.utils import logging
 
 from ..configuration_dspark import HEAD_TYPES
@@ -32,11 +32,13 @@ from .checkpoints import (
     save_final_model,
 )
 from .data import DSparkDataset, build_dataset, expand_jsonl_paths, load_conversations, split_validation
-from .drafter_init import build_training_drafter, draft_vocab_from_examples, end_of_turn_ids
+from .drafter_init import build_training_drafter, draft_vocab_from_examples, end_of_turn_ids, target_batch_runner
 from .features import TargetFeatureProvider, build_feature_cache
 from .trainer import DSparkTrainer, DSparkTrainingArguments
 
 logger = logging.get_logger(__name__)
+
+QK_NORM_INITS = ("fit", "ones")
 
 
 @dataclass
@@ -49,7 +51,15 @@ class DSparkTrainConfig:
         gguf_file: GGUF file inside `target` when it is a GGUF folder.
         target_dtype: dtype of the frozen target and of the drafter while training (`float32` or `bfloat16`).
         init_drafter: start from this trained drafter folder instead of a fresh one (the fields below are then
-            taken from its config).
+            taken from its config, except `use_qk_norm`, which converts it).
+        use_qk_norm: per-head q/k RMSNorms in the drafter layers (vLLM and speculators require them). `None`: a fresh
+            drafter follows the target family, a warm start keeps its init's. `True` with an init trained without
+            them converts it (`drafter_init.convert_drafter`): every weight is kept and the new norms are
+            initialised as `qk_norm_init` says.
+        qk_norm_init: `fit` (default) sets the new norm weights so the normalised queries and keys reproduce the
+            init's in least squares over `qk_norm_fit_sequences` training sequences (`drafter_init.fit_qk_norms`);
+            `ones` leaves RMSNorm's default.
+        qk_norm_fit_sequences: training sequences the `fit` init reads.
         block_size, num_hidden_layers, head_type, markov_rank, target_layer_ids, use_confidence_head,
         confidence_with_markov, mask_token_id: `DSparkConfig` fields of a fresh drafter.
         max_length: tokens per training sequence (cut from the right).
@@ -60,7 +70,8 @@ class DSparkTrainConfig:
         num_threads: torch CPU threads per process (`None`: torch's default).
         feature_cache_batch_size: target batch size while building an offline feature cache.
         draft_vocab_size: draft only over this many most frequent supervised tokens of the training replies
-            (EOS and end-of-turn ids always in); `None` drafts over the full vocabulary.
+            (EOS and end-of-turn ids always in); `None` drafts over the full vocabulary. A warm start whose init
+            already drafts over a vocabulary this size or smaller keeps the init's.
         init_from_target_layers: initialise a fresh drafter's layers from the target's last decoder layers.
     """
 
@@ -80,6 +91,21 @@ class DSparkTrainConfig:
         default=None,
         metadata={"help": "Start from this trained drafter folder (its config then fixes the drafter fields)."},
     )
+    use_qk_norm: bool | None = field(
+        default=None,
+        metadata={
+            "help": "q/k RMSNorms in the drafter layers (engines need them); True converts an --init_drafter "
+            "trained without them (default: the target family's for a fresh drafter, the init's otherwise)."
+        },
+    )
+    qk_norm_init: str = field(
+        default="fit",
+        metadata={
+            "help": "Init of q/k norms added to an --init_drafter: fit (match the init's attention "
+            "projections on training sequences) or ones."
+        },
+    )
+    qk_norm_fit_sequences: int = field(default=8, metadata={"help": "Training sequences read by --qk_norm_init fit."})
     block_size: int = field(default=7, metadata={"help": "γ, draft tokens proposed per round by a fresh drafter."})
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers of a fresh drafter."})
     head_type: str = field(
@@ -117,8 +143,10 @@ class DSparkTrainConfig:
     )
     validation_seed: int | None = field(
         default=None,
-        metadata={"help": "Seed of the validation split (default: --seed). Fix it to change the data order of a "
-                  "continued run while keeping its held-out conversations out of training."},
+        metadata={
+            "help": "Seed of the validation split (default: --seed). Fix it to change the data order of a "
+            "continued run while keeping its held-out conversations out of training."
+        },
     )
     max_examples: int | None = field(
         default=None, metadata={"help": "Use only the first n conversations (smoke runs)."}
@@ -131,7 +159,7 @@ class DSparkTrainConfig:
     )
     draft_vocab_size: int | None = field(
         default=None,
-        metadata={"help": "Draft vocabulary size (most frequent reply tokens); default: the full vocabulary."}
+        metadata={"help": "Draft vocabulary size (most frequent reply tokens); default: the full vocabulary."},
     )
     init_from_target_layers: bool = field(
         default=False, metadata={"help": "Initialise a fresh drafter's layers from the target's last layers."}
@@ -148,6 +176,10 @@ class DSparkTrainConfig:
             raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}.")
+        if self.qk_norm_init not in QK_NORM_INITS:
+            raise ValueError(f"qk_norm_init must be one of {QK_NORM_INITS}, got {self.qk_norm_init!r}.")
+        if self.qk_norm_fit_sequences < 1:
+            raise ValueError(f"qk_norm_fit_sequences must be >= 1, got {self.qk_norm_fit_sequences}.")
         if self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}.")
         try:
@@ -167,6 +199,8 @@ class DSparkTrainConfig:
         }
         if self.target_layer_ids:
             overrides["target_layer_ids"] = list(self.target_layer_ids)
+        if self.use_qk_norm is not None:
+            overrides["use_qk_norm"] = self.use_qk_norm
         return overrides
 
 
@@ -198,8 +232,14 @@ def validation_examples(config: DSparkTrainConfig, tokenizer, seed: int) -> list
 
 
 def build_drafter(config: DSparkTrainConfig, target, examples=(), tokenizer=None) -> DSparkDrafter:
-    """The drafter to train, bound to `target`: fresh or `config.init_drafter`, restricted to a draft vocabulary
-    built from `examples` when `config.draft_vocab_size` is set."""
+    """The drafter to train, bound to `target`: fresh or `config.init_drafter` (converted when `use_qk_norm` asks
+    for norms it lacks), restricted to a draft vocabulary built from `examples` when `config.draft_vocab_size` is
+    set."""
+    examples = list(examples)
+    changes = {"use_qk_norm": config.use_qk_norm} if config.use_qk_norm is not None else {}
+    fit = None
+    if config.qk_norm_init == "fit" and examples:
+        fit = target_batch_runner(target, examples[: config.qk_norm_fit_sequences])
     draft_vocab = None
     if config.draft_vocab_size:
         vocab_size = target.config.get_text_config().vocab_size
@@ -208,7 +248,13 @@ def build_drafter(config: DSparkTrainConfig, target, examples=(), tokenizer=None
         )
         logger.warning(f"draft vocabulary: {draft_vocab.numel()} tokens cover {share:.2%} of the supervised tokens")
     return build_training_drafter(
-        target, config.drafter_overrides(), config.init_drafter, config.init_from_target_layers, draft_vocab
+        target,
+        config.drafter_overrides(),
+        config.init_drafter,
+        config.init_from_target_layers,
+        draft_vocab,
+        init_changes=changes,
+        fit_batches=fit,
     )
 
 
@@ -241,19 +287,26 @@ def _check_examples(config: DSparkTrainConfig, records: list, usable: int, train
     )
 
 
-def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTrainer:
+def train(
+    config: DSparkTrainConfig, args: DSparkTrainingArguments, callbacks: Sequence[TrainerCallback] = ()
+) -> DSparkTrainer:
     """Load the target and data, build (or load) the drafter, train it, save it to `args.output_dir`.
 
     Works unchanged under `accelerate launch` (DDP, FSDP, DeepSpeed configs; see README.md, "Training a drafter").
-    Returns the trainer (its `.model` is the trained drafter, `.state.log_history` the logs).
+    `callbacks` are added to the Trainer's. Returns the trainer (its `.model` is the trained drafter,
+    `.state.log_history` the logs).
     """
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     set_seed(args.seed)
     resume = _resume_path(args)
     with args.main_process_first(desc="checking output_dir"):
-        check_output_dir(args.output_dir, args.overwrite_output_dir, resuming=resume is not None,
-                         resume_requested=args.resume_from_checkpoint not in (None, False, ""))
+        check_output_dir(
+            args.output_dir,
+            args.overwrite_output_dir,
+            resuming=resume is not None,
+            resume_requested=args.resume_from_checkpoint not in (None, False, ""),
+        )
     if args.device.type == "cpu":
         from ..hardware import warn_if_slow_dtype
 
@@ -261,12 +314,15 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
         warn_if_slow_dtype(slow, "cpu", fix="train with --target_dtype float32 and without --bf16 / --fp16")
     records = load_conversations(config.data)[: config.max_examples]  # bad data is refused before the target loads
     if not records:
-        raise ValueError(f"no conversations in {config.data}: the data files are empty. Run `hf-dspark prepare-data` "
-                         "on a prompt file to make training data.")
+        raise ValueError(
+            f"no conversations in {config.data}: the data files are empty. Run `hf-dspark prepare-data` "
+            "on a prompt file to make training data."
+        )
     target, tokenizer = load_training_target(config)
     dataset = build_dataset(records, tokenizer, max_length=config.max_length, max_new_tokens=config.max_new_tokens)
     train_examples, val_examples = split_validation(
-        dataset.examples, config.validation_fraction,
+        dataset.examples,
+        config.validation_fraction,
         args.seed if config.validation_seed is None else config.validation_seed,
     )
     _check_examples(config, records, len(dataset), len(train_examples))
@@ -284,13 +340,24 @@ def train(config: DSparkTrainConfig, args: DSparkTrainingArguments) -> DSparkTra
     if args.feature_mode == "offline":
         layer_ids = drafter.config.target_layer_ids
         with args.main_process_first(desc="building the feature cache"):
-            build_feature_cache(target.to(args.device), dataset.examples, args.feature_cache_dir, layer_ids,
-                                batch_size=config.feature_cache_batch_size)
+            build_feature_cache(
+                target.to(args.device),
+                dataset.examples,
+                args.feature_cache_dir,
+                layer_ids,
+                batch_size=config.feature_cache_batch_size,
+            )
         provider = TargetFeatureProvider.offline(args.feature_cache_dir, target, layer_ids)
     pad_id = tokenizer.pad_token_id if tokenizer is not None and tokenizer.pad_token_id is not None else 0
     trainer = DSparkTrainer(
-        model=drafter, args=args, target=target, feature_provider=provider, pad_token_id=pad_id,
-        train_dataset=train_set, eval_dataset=eval_set,
+        model=drafter,
+        args=args,
+        target=target,
+        feature_provider=provider,
+        pad_token_id=pad_id,
+        train_dataset=train_set,
+        eval_dataset=eval_set,
+        callbacks=list(callbacks) or None,
     )
     trainer.train(resume_from_checkpoint=resume)
     save_final_model(trainer, args.output_dir)

@@ -29,6 +29,7 @@ from .checkpoints import check_resume_config, publish_checkpoint, staging_dir
 from .collator import DSparkCollator
 from .features import TargetFeatureProvider, target_probs_at
 from .sampling import EpochSeededLengthGroupedSampler
+from .time_budget import TimeBudgetCallback
 
 logger = logging.get_logger(__name__)
 
@@ -55,6 +56,9 @@ class DSparkTrainingArguments(TrainingArguments):
             schedule keeps following `max_steps`: a budget cut that stays comparable across runs and resumes.
         overwrite_output_dir: train into an `output_dir` that already holds a trained model or checkpoints (its
             checkpoints are removed first); without it `train` refuses such a folder unless it resumes.
+        time_budget_minutes: train for about this long (`time_budget.TimeBudgetCallback`): the step time measured
+            during warmup fixes the total steps and the LR schedule (cosine/linear) ends there; `max_steps` stays an
+            upper bound.
     """
 
     alpha_ce: float = field(default=0.1, metadata={"help": "α_ce, weight of the cross-entropy loss (Eq. 11)."})
@@ -81,6 +85,13 @@ class DSparkTrainingArguments(TrainingArguments):
     overwrite_output_dir: bool = field(
         default=False, metadata={"help": "Replace a finished run in output_dir (default: refuse unless resuming)."}
     )
+    time_budget_minutes: float | None = field(
+        default=None,
+        metadata={
+            "help": "Train for about this many minutes: steps (and the LR schedule's end) from the measured "
+            "step time; max_steps stays an upper bound."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.feature_mode not in FEATURE_MODES:
@@ -95,6 +106,8 @@ class DSparkTrainingArguments(TrainingArguments):
             raise ValueError("remove_unused_columns=True would drop the DSpark batch keys; leave it False.")
         if self.loss_decay is not None and not self.loss_decay > 0:
             raise ValueError(f"loss_decay (the position-decay constant c) must be > 0 or unset, got {self.loss_decay}")
+        if self.time_budget_minutes is not None and not self.time_budget_minutes > 0:
+            raise ValueError(f"time_budget_minutes must be > 0 or unset, got {self.time_budget_minutes}.")
         if self.stop_after_steps is not None and self.stop_after_steps < 1:
             raise ValueError(f"stop_after_steps must be >= 1 (or unset), got {self.stop_after_steps}.")
         super().__post_init__()
@@ -176,6 +189,10 @@ class DSparkTrainer(Trainer):
         super().__init__(model=model, args=args, **kwargs)
         self.add_callback(_CollatorEpochCallback(self.data_collator))
         self.add_callback(_StopAfterStepsCallback())
+        if args.time_budget_minutes and not any(
+            isinstance(c, TimeBudgetCallback) for c in kwargs.get("callbacks") or ()
+        ):
+            self.add_callback(TimeBudgetCallback(60.0 * args.time_budget_minutes))
         self._cpu_clock_offset_s: float | None = None
         self.loss_is_scaled_for_ga = False  # compute_loss returns a per-micro-batch mean
         self._metric_sums: dict[str, dict[str, float]] = {"train": defaultdict(float), "eval": defaultdict(float)}
@@ -228,8 +245,14 @@ class DSparkTrainer(Trainer):
             index = target_to_draft_index(drafter.t2d)[labels.clamp_min(0)]
             labels = index.masked_fill(~valid | index.lt(0), IGNORE_INDEX)
         parts = dspark_loss(
-            outputs.logits, p_target, labels, outputs.confidence_logits, alpha=self.args.alpha, valid=valid,
-            alpha_kd=self.args.alpha_kd, decay=self.args.loss_decay,
+            outputs.logits,
+            p_target,
+            labels,
+            outputs.confidence_logits,
+            alpha=self.args.alpha,
+            valid=valid,
+            alpha_kd=self.args.alpha_kd,
+            decay=self.args.loss_decay,
         )
         self._store_metrics(parts, "train" if model.training else "eval")
         return (parts.loss, outputs) if return_outputs else parts.loss
@@ -265,8 +288,12 @@ class DSparkTrainer(Trainer):
             if best and best.startswith(staging):
                 self.state.best_model_checkpoint = os.path.join(run_dir, os.path.relpath(best, staging))
                 self.state.save_to_json(str(final / "trainer_state.json"))
-            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+            rotate_checkpoints(
+                output_dir=run_dir,
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=True,
+            )
         self.accelerator.wait_for_everyone()
 
     def _store_metrics(self, parts: DSparkLossOutput, mode: str) -> None:
@@ -287,7 +314,7 @@ class DSparkTrainer(Trainer):
             values = self.accelerator.reduce(values.to(self.args.device), reduction="sum").cpu()
         self._metric_sums[mode], self._metric_weights[mode] = defaultdict(float), defaultdict(float)
         self._metric_counts[mode] = 0
-        totals = values[len(keys):].tolist()
+        totals = values[len(keys) :].tolist()
         return {key: float(v) / total for key, v, total in zip(keys, values[: len(keys)].tolist(), totals) if total}
 
     def _cpu_hours(self) -> float:
