@@ -18,14 +18,16 @@ def setup():
     target = make_target("llama", seed=11, eos_token_id=None)
     ids, mask = ragged_prompts(6, seed=3)
     prompts = [ids[r][mask[r].bool()] for r in range(len(ids))]
-    references = [target.generate(p[None], do_sample=False, max_new_tokens=NEW)[0, p.numel():].tolist()
-                  for p in prompts]
+    references = [
+        target.generate(p[None], do_sample=False, max_new_tokens=NEW)[0, p.numel() :].tolist() for p in prompts
+    ]
     return target, prompts, references
 
 
 def _engine(target, **kwargs):
-    return DSparkEngine(target, make_drafter(target), policy=VerificationPolicy("fixed", block_size=4),
-                        max_running=3, **kwargs)
+    return DSparkEngine(
+        target, make_drafter(target), policy=VerificationPolicy("fixed", block_size=4), max_running=3, **kwargs
+    )
 
 
 def _drain(engine):
@@ -168,7 +170,111 @@ def test_weights_changed_after_the_engine_was_built_are_repacked(setup):
     gen = torch.Generator().manual_seed(0)
     for layer in target.model.layers:  # through .data: moves no version counter
         layer.mlp.down_proj.weight.data.copy_(torch.randn(layer.mlp.down_proj.weight.shape, generator=gen) * 0.3)
-    reference = target.generate(prompts[0][None], do_sample=False, max_new_tokens=NEW)[0, prompts[0].numel():]
+    reference = target.generate(prompts[0][None], do_sample=False, max_new_tokens=NEW)[0, prompts[0].numel() :]
     rid = engine.add_request(prompts[0], max_new_tokens=NEW)
     _drain(engine)
     assert engine.result(rid).generated == reference.tolist()
+
+
+def test_cancel_and_take_finished_from_another_thread_inside_a_round(setup, monkeypatch):
+    target, prompts, references = setup
+    engine = _engine(target)
+    rids = [engine.add_request(p, max_new_tokens=NEW) for p in prompts]
+    engine.step()
+    real, calls, taken = engine.kernel.step, {"n": 0}, []
+
+    def interrupted(*args, **kwargs):  # another thread cancels and takes results while this round runs
+        calls["n"] += 1
+        if calls["n"] == 1:
+            other = threading.Thread(target=lambda: (engine.cancel(rids[1]), taken.extend(engine.take_finished())))
+            other.start()
+            other.join(5)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.kernel, "step", interrupted)
+    engine.step()
+    assert taken == [] and rids[1] not in engine.running  # it was in the round: left the batch when it ended
+    while engine.has_work():
+        engine.step()
+        taken += engine.take_finished()
+    results = {r.request_id: r for r in taken}
+    assert sorted(results) == rids and results[rids[1]].cancelled
+    assert results[rids[1]].generated == references[1][: len(results[rids[1]].generated)]
+    for rid, reference in zip(rids, references):
+        if rid != rids[1]:
+            assert results[rid].generated == reference, rid
+
+
+def test_take_finished_during_a_failed_rounds_rollback_takes_nothing_it_requeues(setup, monkeypatch):
+    target, prompts, references = setup
+    engine = _engine(target)
+    rids = [engine.add_request(p, max_new_tokens=NEW) for p in prompts[:3]]
+    engine.step()
+    real_commit, real_forget, calls, taken = engine._commit, engine.policy.forget, {"n": 0}, []
+
+    def flaky(rid, tokens):  # the round's first row finishes, the second raises
+        calls["n"] += 1
+        if calls["n"] == 1:
+            engine.requests[rid].max_new_tokens = len(engine.requests[rid].generated) + 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        return real_commit(rid, tokens)
+
+    def forget(rows):  # inside the rollback: another thread asks for finished requests
+        other = threading.Thread(target=lambda: taken.extend(engine.take_finished()))
+        other.start()
+        other.join(0.5)
+        waiting.append(other)
+        return real_forget(rows)
+
+    waiting = []
+    monkeypatch.setattr(engine, "_commit", flaky)
+    monkeypatch.setattr(engine.policy, "forget", forget)
+    with pytest.raises(RuntimeError, match="boom"):
+        engine.step()
+    monkeypatch.undo()
+    waiting[0].join(5)
+    assert taken == []  # the first row's last token was rolled back: it is not finished
+    engine.requests[rids[0]].max_new_tokens = NEW
+    _drain(engine)
+    assert [engine.result(rid).generated for rid in rids] == references[:3]
+
+
+def _dynamic_rope_target():
+    return make_target(
+        "llama",
+        seed=1,
+        eos_token_id=None,
+        max_position_embeddings=16,
+        rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 100.0},
+    )
+
+
+@pytest.mark.parametrize("policy", ["fixed", "none"])
+def test_requests_that_could_cross_a_dynamic_rope_threshold_are_refused(policy):
+    target = _dynamic_rope_target()
+    drafter = make_drafter(target) if policy != "none" else None
+    engine = DSparkEngine(
+        target,
+        drafter,
+        max_running=3,
+        policy=VerificationPolicy(policy, block_size=4) if drafter is not None else "none",
+    )
+    prompt = torch.arange(3, 9)
+    gamma = 4 if drafter is not None else 0
+    with pytest.raises(ValueError, match=rf"'dynamic' RoPE scaling.*passes 16.*at most {16 - gamma} tokens"):
+        engine.add_request(prompt, max_new_tokens=16 - gamma - 5)
+    assert not engine.requests
+    rid = engine.add_request(prompt, max_new_tokens=16 - gamma - 6)  # reaches exactly the threshold
+    _drain(engine)
+    reference = target.generate(prompt[None], do_sample=False, max_new_tokens=16 - gamma - 6)[0, 6:]
+    assert engine.result(rid).generated == reference.tolist()
+
+
+@pytest.mark.parametrize("attention", ["flex_attention", "flash_attention_2"])
+def test_flash_and_flex_attention_targets_are_refused_when_the_engine_is_built(attention):
+    target = make_target("llama", seed=3)
+    drafter = make_drafter(target)
+    target.config._attn_implementation = attention  # only the name is read
+    with pytest.raises(ValueError, match=rf"{attention}.*attn_implementation='sdpa'"):
+        DSparkEngine(target, drafter, policy=VerificationPolicy("fixed", block_size=4))

@@ -47,19 +47,19 @@ def check_prompt_inputs(model_kwargs: Mapping) -> None:
 # verifies against another distribution than the target's: a DSpark drafter would silently ignore them.
 OTHER_DRAFTING = {
     "assistant_early_exit": "drafts with the target's own first layers (self-speculative early exit) instead of the "
-                            "assistant_model. Drop assistant_early_exit to draft with DSpark, or drop assistant_model "
-                            "for early-exit drafting.",
+    "assistant_model. Drop assistant_early_exit to draft with DSpark, or drop assistant_model "
+    "for early-exit drafting.",
     "prompt_lookup_num_tokens": "drafts by prompt lookup instead of with the assistant_model. Drop it to draft with "
-                                "DSpark; for prompt lookup in DSpark's batched loop pass assistant_model="
-                                "hf_dspark.proposers.prompt_lookup_for(target, γ).",
+    "DSpark; for prompt lookup in DSpark's batched loop pass assistant_model="
+    "hf_dspark.proposers.prompt_lookup_for(target, γ).",
     "use_mtp": "drafts with the target's own multi-token prediction heads instead of the assistant_model. Drop "
-               "use_mtp to draft with DSpark.",
+    "use_mtp to draft with DSpark.",
     "speculation_type": "selects transformers' own candidate generator for that kind of drafter, while a DSpark "
-                        "drafter runs DSpark's loop. Drop speculation_type.",
+    "drafter runs DSpark's loop. Drop speculation_type.",
     "assistant_ensemble_weight": "verifies drafts against the mixture w·p_target + (1 − w)·q_draft (lossy), while "
-                                 "DSpark verifies against the target's distribution only, so it would be ignored. "
-                                 "Drop assistant_ensemble_weight (lossless), or generate with a transformers "
-                                 "assistant.",
+    "DSpark verifies against the target's distribution only, so it would be ignored. "
+    "Drop assistant_ensemble_weight (lossless), or generate with a transformers "
+    "assistant.",
 }
 
 
@@ -86,8 +86,10 @@ def check_decoding_method(generation_config) -> None:
 # static path; "hybrid", which transformers unsets (dynamic). Every other name is refused (`cache_implementation_
 # refusal`).
 HONOURED_CACHES = ("dynamic", "hybrid", *STATIC_PATH_CACHES)
-CACHE_FIX = ("Drop cache_implementation (the default dynamic cache) or pass cache_implementation='static' (the "
-             "static-shape verification path).")
+CACHE_FIX = (
+    "Drop cache_implementation (the default dynamic cache) or pass cache_implementation='static' (the "
+    "static-shape verification path)."
+)
 
 
 def cache_implementation_refusal(implementation: str | None) -> str | None:
@@ -96,19 +98,27 @@ def cache_implementation_refusal(implementation: str | None) -> str | None:
         return None
     name = f"cache_implementation={implementation!r}"
     if "offloaded" in implementation:
-        return (f"{name} moves each layer's keys and values to the CPU between forwards (offloading), which DSpark's "
-                f"ragged verification cache does not implement: its per-row buffers stay on the target's device. "
-                f"{CACHE_FIX}")
+        return (
+            f"{name} moves each layer's keys and values to the CPU between forwards (offloading), which DSpark's "
+            f"ragged verification cache does not implement: its per-row buffers stay on the target's device. "
+            f"{CACHE_FIX}"
+        )
     if implementation == "quantized":
-        return (f"{name} quantizes the keys and values plain generate attends to, while DSpark's verification cache "
-                "holds them at the target's precision, so the output would not be plain generate's. Drop "
-                "cache_implementation (the default dynamic cache), or generate without the DSpark assistant.")
+        return (
+            f"{name} quantizes the keys and values plain generate attends to, while DSpark's verification cache "
+            "holds them at the target's precision, so the output would not be plain generate's. Drop "
+            "cache_implementation (the default dynamic cache), or generate without the DSpark assistant."
+        )
     if implementation == "paged":
-        return (f"{name} switches generate to continuous batching (generate_batch), which takes no assistant model. "
-                "For continuous batching with DSpark use hf_dspark.generation.engine.DSparkEngine; or drop "
-                "cache_implementation.")
-    return (f"{name} is not one DSpark knows (it honours {', '.join(map(repr, HONOURED_CACHES))}), so it cannot tell "
-            f"whether its verification would match plain generate. {CACHE_FIX}")
+        return (
+            f"{name} switches generate to continuous batching (generate_batch), which takes no assistant model. "
+            "For continuous batching with DSpark use hf_dspark.generation.engine.DSparkEngine; or drop "
+            "cache_implementation."
+        )
+    return (
+        f"{name} is not one DSpark knows (it honours {', '.join(map(repr, HONOURED_CACHES))}), so it cannot tell "
+        f"whether its verification would match plain generate. {CACHE_FIX}"
+    )
 
 
 def check_cache_implementation(implementation: str | None) -> None:
@@ -120,10 +130,16 @@ def check_cache_implementation(implementation: str | None) -> None:
 
 def check_fast_paths(model, generation_config) -> None:
     """Refuse the fast paths the loop cannot honour, instead of silently running without them: offloaded, quantized,
-    paged or unknown caches (`cache_implementation_refusal`), flash-attention kernels (varlen arguments are not
-    passed) and flex attention (no BlockMask is built). `cache_implementation="static"`, its aliases and
-    `compile_config` take the static path (`static_cache`)."""
+    paged or unknown caches (`cache_implementation_refusal`) and the attention kernels of
+    `check_attention_implementation`. `cache_implementation="static"`, its aliases and `compile_config` take the
+    static path (`static_cache`)."""
     check_cache_implementation(getattr(generation_config, "cache_implementation", None))
+    check_attention_implementation(model)
+
+
+def check_attention_implementation(model) -> None:
+    """Refuse flash-attention kernels (varlen arguments are not passed) and flex attention (no BlockMask is built):
+    DSpark's forwards (generate's and `DSparkEngine`'s) pass per-row 4D masks."""
     attention = getattr(model.config, "_attn_implementation", None) or ""
     if "flash" in attention:
         raise ValueError(
@@ -159,10 +175,27 @@ def rope_threshold(config) -> tuple[str, int] | None:
             continue
         threshold = config.max_position_embeddings
         if rope_type == "longrope":
-            threshold = (params.get("original_max_position_embeddings")
-                         or getattr(config, "original_max_position_embeddings", None) or threshold)
+            threshold = (
+                params.get("original_max_position_embeddings")
+                or getattr(config, "original_max_position_embeddings", None)
+                or threshold
+            )
         return rope_type, int(threshold)
     return None
+
+
+def rope_reach_refusal(model, reach: int, why: str, fix: str) -> str | None:
+    """Why forwards reaching `reach` positions cannot match plain decoding on `model` (a length-dependent RoPE
+    whose threshold `reach` passes), or None. `why` says how the call reaches that far; `fix` what to do."""
+    found = rope_threshold(model.config.get_text_config(decoder=True))
+    if found is None or reach <= found[1]:
+        return None
+    rope_type, threshold = found
+    return (
+        f"The target uses {rope_type!r} RoPE scaling, whose frequencies change once a forward's longest position "
+        f"passes {threshold}. {why} can reach {reach} positions, and DSpark's forwards would cross the threshold "
+        f"at other steps than plain decoding, changing the output. {fix}"
+    )
 
 
 def check_rope_scaling(model, max_length: int | None, block_size: int) -> None:
@@ -171,20 +204,19 @@ def check_rope_scaling(model, max_length: int | None, block_size: int) -> None:
     A verification forward holds up to γ = `block_size` slots past a row's committed tokens, so positions can
     reach `max_length + block_size` (conservatively).
     """
+    if max_length is None:
+        return
     found = rope_threshold(model.config.get_text_config(decoder=True))
-    if found is None or max_length is None:
-        return
-    rope_type, threshold = found
-    reach = int(max_length) + int(block_size)
-    if reach <= threshold:
-        return
-    raise ValueError(
-        f"The target uses {rope_type!r} RoPE scaling, whose frequencies change once a forward's longest position "
-        f"passes {threshold}. This call can reach {reach} positions (max_length {max_length} plus γ = {block_size} "
-        "draft slots), and DSpark's verification forwards would cross the threshold at other steps than plain "
-        f"decoding, changing the output. Keep prompt + max_new_tokens at most {threshold - block_size} tokens, or "
-        "generate without the DSpark assistant for longer sequences."
+    limit = found[1] - block_size if found is not None else 0
+    reason = rope_reach_refusal(
+        model,
+        int(max_length) + int(block_size),
+        f"This call (max_length {max_length} plus γ = {block_size} draft slots)",
+        f"Keep prompt + max_new_tokens at most {limit} tokens, or generate without the DSpark assistant for longer "
+        "sequences.",
     )
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def follow_target_moves(model, drafter) -> None:
@@ -196,8 +228,10 @@ def follow_target_moves(model, drafter) -> None:
     own = next(drafter.parameters(), None)
     if own is None or (own.dtype == weight.dtype and own.device == weight.device):
         return
-    logger.warning(f"The target moved to {weight.dtype} on {weight.device} after the drafter was bound "
-                   f"({own.dtype} on {own.device}); re-binding the drafter so it follows the target.")
+    logger.warning(
+        f"The target moved to {weight.dtype} on {weight.device} after the drafter was bound "
+        f"({own.dtype} on {own.device}); re-binding the drafter so it follows the target."
+    )
     drafter.bind_target(model)
 
 

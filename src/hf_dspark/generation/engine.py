@@ -14,6 +14,8 @@ plain batched decoding, and returns the tokens each request gained.
 
 Supported per request: greedy or sampling with temperature/top-k/top-p (shared by the engine), EOS and
 `max_new_tokens`. Stop strings and history-dependent processors belong to `generate`.
+Refused up front: flash / flex-attention targets (built), and requests whose positions could cross a
+length-dependent RoPE threshold (dynamic NTK, longrope), since the running rows share each forward.
 
 `add_request` copies the prompt; `add_request`, `cancel`, `result` and `take_finished` are safe from other threads
 during `step()`. A round that raises is undone: its requests go back to the queue with the tokens they had and are
@@ -30,15 +32,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from ..scheduling.registry import NO_SPECULATION, available_policies, canonical_policy_name
+from .call_checks import check_attention_implementation, rope_reach_refusal, rope_threshold
 from .drafting import feature_layers
+from .engine_inputs import check_engine_arguments, prompt_tensor, sampling_warpers
 from .options import DSparkGenerationOptions, check_sampling_settings, eos_token_ids
 from .packed_linear import linear_packs_for
 from .policy import VerificationPolicy, policy_from_options
@@ -87,63 +85,20 @@ class EngineRoundRecord:
     policy_seconds: float = 0.0
 
 
-def _warpers(do_sample: bool, temperature: float, top_k: int | None, top_p: float | None) -> LogitsProcessorList:
-    warpers = LogitsProcessorList()
-    if do_sample:
-        if temperature != 1.0:
-            warpers.append(TemperatureLogitsWarper(temperature))
-        if top_k:
-            warpers.append(TopKLogitsWarper(top_k))
-        if top_p is not None and top_p < 1.0:
-            warpers.append(TopPLogitsWarper(top_p))
-    return warpers
-
-
-def _check_engine_arguments(policy, drafter, max_running) -> None:
-    """Refuse a bad policy / drafter pairing or batch size before anything runs."""
-    if not isinstance(policy, (str, VerificationPolicy)):
-        raise ValueError(f"policy must be 'none', a policy name or a VerificationPolicy; got {type(policy).__name__}.")
-    if policy != "none" and drafter is None:
-        raise ValueError(f"policy {policy!r} needs a drafter; use policy='none' for plain decoding")
-    gamma = getattr(getattr(drafter, "config", None), "block_size", None)
-    if isinstance(policy, VerificationPolicy) and gamma is not None and policy.block_size != gamma:
-        raise ValueError(f"the policy was built for block_size={policy.block_size} but the drafter drafts γ = {gamma} "
-                         f"tokens; build it with block_size={gamma}.")
-    if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
-        raise ValueError(f"max_running must be an int >= 1 (requests in the running batch), got {max_running!r}.")
-
-
-def _prompt_tensor(prompt_ids, vocab_size: int) -> torch.Tensor:
-    """One prompt as a 1-D long tensor: a list of ints, a 1-D integer tensor or a `[1, L]` one; ids in 0..V-1."""
-    if isinstance(prompt_ids, (str, bytes)):
-        raise ValueError("add_request takes token ids (a list of ints or an integer tensor), not text: tokenize the "
-                         "prompt first (chat template applied).")
-    prompt = torch.as_tensor(prompt_ids)
-    if prompt.numel() == 0:
-        raise ValueError("a request needs at least one prompt token and max_new_tokens >= 1")
-    if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-        raise ValueError(f"prompt ids must be integers, got dtype {prompt.dtype}.")
-    if prompt.dim() == 2 and prompt.shape[0] == 1:
-        prompt = prompt[0]
-    if prompt.dim() != 1:
-        raise ValueError(f"add_request takes one prompt (a 1-D sequence or [1, L]), got shape {tuple(prompt.shape)}; "
-                         "call add_request once per row of a batch.")
-    if int(prompt.min()) < 0 or int(prompt.max()) >= vocab_size:
-        bad = prompt[(prompt < 0) | (prompt >= vocab_size)].tolist()
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the target's vocabulary 0..{vocab_size - 1}.")
-    return prompt.long().cpu().clone()  # the engine's own copy: the caller may reuse its buffer
-
-
-def _named_policy(name: str, target, drafter: DraftModel, do_sample: bool,
-                  packed_weights: bool | None = None) -> VerificationPolicy:
+def _named_policy(
+    name: str, target, drafter: DraftModel, do_sample: bool, packed_weights: bool | None = None
+) -> VerificationPolicy:
     """The policy `generate` builds for `dspark_policy=name`: the curves of this target and drafter (cache, shipped,
     else profiled once) and, for "auto", the drafter's pooled acceptance for the decoding mode."""
     if canonical_policy_name(name) not in available_policies():
-        raise ValueError(f"policy must be {NO_SPECULATION!r}, one of {list(available_policies())} or a "
-                         f"VerificationPolicy; got {name!r}.")
+        raise ValueError(
+            f"policy must be {NO_SPECULATION!r}, one of {list(available_policies())} or a "
+            f"VerificationPolicy; got {name!r}."
+        )
     options = DSparkGenerationOptions(dspark_policy=name, dspark_packed_weights=packed_weights)
-    return policy_from_options(options, drafter.config.block_size, greedy=not do_sample, target=target,
-                               drafter=drafter)
+    return policy_from_options(
+        options, drafter.config.block_size, greedy=not do_sample, target=target, drafter=drafter
+    )
 
 
 class DSparkEngine:
@@ -167,34 +122,52 @@ class DSparkEngine:
         max_records: round records kept in `records` (the latest; None keeps all).
     """
 
-    def __init__(self, target, drafter: DraftModel | None = None, policy: VerificationPolicy | str = "none",
-                 do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
-                 top_p: float | None = None, eos_token_id: int | list[int] | None = None,
-                 max_running: int = 64, packed_weights: bool | None = None,
-                 max_records: int | None = 10_000) -> None:
-        _check_engine_arguments(policy, drafter, max_running)
+    def __init__(
+        self,
+        target,
+        drafter: DraftModel | None = None,
+        policy: VerificationPolicy | str = "none",
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        max_running: int = 64,
+        packed_weights: bool | None = None,
+        max_records: int | None = 10_000,
+    ) -> None:
+        check_engine_arguments(policy, drafter, max_running)
         if max_records is not None and (type(max_records) is not int or max_records < 0):
             raise ValueError(f"max_records must be None (keep every round) or an int >= 0, got {max_records!r}.")
         check_sampling_settings(do_sample, temperature, top_k, top_p)  # as generate checks them
         eos = eos_token_ids(eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id)
         check_target(target)  # quantized, offloaded or dropout-active targets, with every policy
+        check_attention_implementation(target)  # flash / flex kernels take no per-row 4D masks
         if policy != "none":
             bind_drafter(target, drafter)  # binds an unbound drafter; refuses one bound to another target
         if isinstance(policy, str) and policy != "none":
             policy = _named_policy(policy, target, drafter, do_sample, packed_weights)
         if isinstance(policy, VerificationPolicy) and policy.name == "auto" and policy.greedy == do_sample:
             mode = "greedy" if policy.greedy else "sampling"
-            raise ValueError(f"the 'auto' policy was built for {mode} (greedy={policy.greedy}) but the engine has "
-                             f"do_sample={do_sample}; build it with greedy={not do_sample}.")
+            raise ValueError(
+                f"the 'auto' policy was built for {mode} (greedy={policy.greedy}) but the engine has "
+                f"do_sample={do_sample}; build it with greedy={not do_sample}."
+            )
         self.target, self.policy = target, policy
         self.drafter = drafter if policy != "none" else None
         self.do_sample = do_sample
-        self.processors = RowProcessors(_warpers(do_sample, temperature, top_k, top_p), 1)
+        self.processors = RowProcessors(sampling_warpers(do_sample, temperature, top_k, top_p), 1)
         self.eos = set(eos)
         self.max_running = max_running
         self.packs = linear_packs_for(target, packed_weights)
-        self.kernel = RoundKernel(target, self.drafter, policy if self.drafter is not None else None,
-                                  self.processors, do_sample, packs=self.packs)
+        self.kernel = RoundKernel(
+            target,
+            self.drafter,
+            policy if self.drafter is not None else None,
+            self.processors,
+            do_sample,
+            packs=self.packs,
+        )
         self.taps = feature_layers(self.drafter) if self.drafter is not None else []
         self.requests: dict[int, EngineRequest] = {}
         self.waiting: list[int] = []
@@ -217,15 +190,36 @@ class DSparkEngine:
     def add_request(self, prompt_ids: torch.Tensor | list[int], max_new_tokens: int = 128) -> int:
         """Queue a request (token ids of the full prompt, chat template applied); returns its id."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"a request needs at least one prompt token and max_new_tokens >= 1 (an int), got "
-                             f"max_new_tokens={max_new_tokens!r}")
-        prompt = _prompt_tensor(prompt_ids, int(self.target.get_input_embeddings().num_embeddings))
+            raise ValueError(
+                f"a request needs at least one prompt token and max_new_tokens >= 1 (an int), got "
+                f"max_new_tokens={max_new_tokens!r}"
+            )
+        prompt = prompt_tensor(prompt_ids, int(self.target.get_input_embeddings().num_embeddings))
+        self._check_rope_reach(prompt.numel(), max_new_tokens)
         with self._queue_lock:
             rid = self._next_id
             self._next_id += 1
             self.requests[rid] = EngineRequest(rid, prompt, max_new_tokens, arrival=time.perf_counter())
             self.waiting.append(rid)
         return rid
+
+    def _check_rope_reach(self, prompt_length: int, max_new_tokens: int) -> None:
+        """Refuse a request whose forwards could cross a length-dependent RoPE threshold: the running rows share
+        each forward, so one row past it would change every row's frequencies (`call_checks.rope_reach_refusal`)."""
+        found = rope_threshold(self.target.config.get_text_config(decoder=True))
+        if found is None:
+            return
+        gamma = self.drafter.config.block_size if self.drafter is not None else 0
+        slots = f", γ = {gamma} draft slots" if gamma else ""
+        reason = rope_reach_refusal(
+            self.target,
+            prompt_length + max_new_tokens + gamma,
+            f"This request ({prompt_length} prompt tokens, max_new_tokens={max_new_tokens}{slots})",
+            f"Keep prompt + max_new_tokens at most {found[1] - gamma} tokens per request, or serve this target "
+            "without DSparkEngine.",
+        )
+        if reason is not None:
+            raise ValueError(reason)
 
     def has_work(self) -> bool:
         with self._queue_lock:
@@ -235,8 +229,10 @@ class DSparkEngine:
         """The request's state: `generated` tokens so far, `finished`, `error`, timings."""
         with self._queue_lock:
             if request_id not in self.requests:
-                raise KeyError(f"unknown request id {request_id!r}: add_request returns the ids this engine knows "
-                               "(take_finished forgets the requests it returns)")
+                raise KeyError(
+                    f"unknown request id {request_id!r}: add_request returns the ids this engine knows "
+                    "(take_finished forgets the requests it returns)"
+                )
             return self.requests[request_id]
 
     def cancel(self, request_id: int) -> None:
@@ -287,9 +283,11 @@ class DSparkEngine:
         weight = self.target.get_input_embeddings().weight
         if (weight.dtype, weight.device) != self._target_kind:
             dtype, device = self._target_kind
-            raise RuntimeError(f"the target moved from {dtype} on {device} to {weight.dtype} on {weight.device} "
-                               "after this DSparkEngine was built; its caches and drafter are in the old dtype and "
-                               "device: build a new DSparkEngine for the moved target (and re-bind the drafter).")
+            raise RuntimeError(
+                f"the target moved from {dtype} on {device} to {weight.dtype} on {weight.device} "
+                "after this DSparkEngine was built; its caches and drafter are in the old dtype and "
+                "device: build a new DSparkEngine for the moved target (and re-bind the drafter)."
+            )
 
     def _guarded_round(self, start: float) -> list[tuple[int, list[int]]]:
         """`_round`, undone on an exception (`_requeue`)."""
@@ -307,11 +305,11 @@ class DSparkEngine:
     def _requeue(self, batch: RoundBatch, before: dict[int, int], error: Exception) -> None:
         """Every request of a failed round gets back the tokens it had before it and returns to the front of the
         queue (the batch and its caches are dropped); one whose round failed twice in a row finishes with the error."""
-        self.batch = None
-        if isinstance(self.policy, VerificationPolicy):
-            self.policy.forget(list(batch.rows))
         requeued = []
-        with self._queue_lock:
+        with self._queue_lock:  # take_finished must not see the batch gone before its requests are rolled back
+            self.batch = None
+            if isinstance(self.policy, VerificationPolicy):
+                self.policy.forget(list(batch.rows))
             for rid, length in before.items():
                 request = self.requests[rid]
                 del request.generated[length:]
@@ -386,8 +384,16 @@ class DSparkEngine:
             return len(kept)
 
         record: RoundRecord = self.kernel.step(batch, histories, [n - 1 for n in left], commit)
-        self.records.append(EngineRoundRecord(len(record.rows), record.verify_len, record.committed,
-                                              time.perf_counter() - start, record.drafted, record.policy_seconds))
+        self.records.append(
+            EngineRoundRecord(
+                len(record.rows),
+                record.verify_len,
+                record.committed,
+                time.perf_counter() - start,
+                record.drafted,
+                record.policy_seconds,
+            )
+        )
         return events
 
     def _commit(self, rid: int, tokens: list[int]) -> list[int]:
