@@ -57,3 +57,49 @@ def test_stopping_criteria_with_per_row_state_match_plain_generate(target):
     for row, budget in enumerate(generated):  # without EOS plain generate keeps going for stopped rows
         end = ids.shape[1] + budget
         assert torch.equal(output[row, :end], reference[row, :end])
+
+
+GENERATION_CONFIG_EOS = {2: [39, 44], 3: [39, 44, 77]}  # Llama-3-style: several EOS ids in the model's own config
+
+
+@pytest.mark.parametrize("batch", sorted(GENERATION_CONFIG_EOS))
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(min_new_tokens=10),
+        dict(exponential_decay_length_penalty=(4, 1.5)),
+        dict(forced_eos_token_id=True, max_length=20),  # True: force the EOS list itself
+    ],
+)
+def test_an_eos_list_on_the_models_generation_config_matches_plain_generate(target, batch, options):
+    eos = GENERATION_CONFIG_EOS[batch]
+    ids, mask = ragged_prompts(batch, seed=batch + 40)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=16, **options)
+    if "max_length" in options:
+        kwargs.pop("max_new_tokens")
+        kwargs["forced_eos_token_id"] = eos
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = eos
+    try:
+        reference = target.generate(ids, **kwargs)
+        output = target.generate(ids, assistant_model=oracle_for(target, 4, reference, mask), **kwargs)
+    finally:
+        target.generation_config.eos_token_id = saved
+    assert torch.equal(output, reference)
+
+
+def test_sampled_rows_never_end_before_min_new_tokens_with_an_eos_list_on_the_generation_config(target):
+    eos = GENERATION_CONFIG_EOS[3]
+    ids, mask = ragged_prompts(3, seed=43)
+    kwargs = dict(attention_mask=mask, max_new_tokens=14, min_new_tokens=10)
+    saved = target.generation_config.eos_token_id
+    target.generation_config.eos_token_id = eos
+    try:
+        drafter = oracle_for(target, 4, target.generate(ids, do_sample=False, **kwargs), mask)
+        for seed in range(8):
+            torch.manual_seed(seed)
+            new = target.generate(ids, assistant_model=drafter, do_sample=True, **kwargs)[:, ids.shape[1] :]
+            ends = [next((i for i, token in enumerate(row) if token in eos), None) for row in new.tolist()]
+            assert all(end is None or end >= 9 for end in ends), (seed, ends)
+    finally:
+        target.generation_config.eos_token_id = saved
