@@ -217,3 +217,22 @@ def test_tensorrt_llm_refuses_what_its_fixed_qwen3_layers_cannot_run(tmp_path, q
     assert any("strictly increasing" in r.reason for r in refusals(unsorted.config, "tensorrt_llm"))
     with pytest.raises(ValueError, match=r"(?s)TensorRT-LLM cannot serve.*draft vocabulary"):
         export_drafter(_drafter(qwen3_target, "markov", True, "draft"), tmp_path / "v", engine="tensorrt-llm")
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_embedding_tap_exports_where_the_engine_reads_it_and_is_refused_elsewhere(tmp_path, qwen3_target, engine):
+    drafter = make_drafter(qwen3_target, head_type="markov", mask_token_id=95, target_layer_ids=[-1, 2])
+    out = tmp_path / engine
+    if not ENGINE_CONTRACTS[engine].embedding_tap:
+        with pytest.raises(ValueError, match=r"embedding output \(target layer id -1\).*Fix:"):
+            export_drafter(drafter, out, engine=engine)
+        return
+    if refusals(drafter.config, engine):  # refused for another reason (e.g. no q/k norms): not about the tap
+        assert not any("embedding output" in r.reason for r in refusals(drafter.config, engine))
+        return
+    export_drafter(drafter, out, engine=engine, dtype=torch.float32)
+    assert check_export(out, engine) == []
+    loaded = DSparkDrafter.from_pretrained(out, target=qwen3_target)
+    assert loaded.config.target_layer_ids == [-1, 2]
+    for original, reloaded in zip(_proposals(drafter, qwen3_target), _proposals(loaded, qwen3_target)):
+        _assert_same(original, reloaded)

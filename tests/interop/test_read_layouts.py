@@ -162,3 +162,24 @@ def test_read_calibration_takes_the_acceptance_from_either_form_and_checks_it(tm
     sidecar.write_text(json.dumps({"sampling": [1.0, 1.0], "acceptance": [0.3, 0.2]}))
     with pytest.raises(ValueError, match="must map a decoding mode to rates"):
         read_calibration(tmp_path, 2)
+
+
+def test_a_deepspec_tap_of_minus_one_reads_the_embedding_output(tmp_path, qwen3_target):
+    """DeepSpec's tap −1 is the embedding output (hidden_states[0]): such a checkpoint loads, the loop's prefill
+    captures hidden_states[0] for it, and the drafter proposes what the reference computes from those features."""
+    from hf_dspark.generation.drafting import feature_layers
+    from hf_dspark.generation.prefill import prefill_target
+
+    folder = deepspec_folder(tmp_path / "ds", qwen3_target, taps=(-1, 2))
+    drafter = DSparkDrafter.from_pretrained(folder, target=qwen3_target)
+    assert drafter.config.target_layer_ids == [-1, 2]
+    ids, mask = _prompts(qwen3_target, [10, 6])
+    with torch.no_grad():
+        hidden = qwen3_target(ids, attention_mask=mask, output_hidden_states=True).hidden_states
+        captured = prefill_target(qwen3_target, ids, mask, None, None, feature_layers(drafter)).features
+    feats = torch.cat([hidden[0], hidden[3]], dim=-1)  # DeepSpec: tap t reads hidden_states[t + 1]
+    torch.testing.assert_close(captured, feats, rtol=0, atol=1e-6)
+    cache = drafter.init_cache(ids.shape[0], capacity=4)
+    drafter.extend_context(cache, captured[:, :-1], mask[:, :-1].bool())
+    proposal = drafter.propose(ids[:, -1], cache, return_probs=True)
+    assert len(list(_check_rows(proposal, folder, qwen3_target, ids, mask, feats, first_slot=0))) == 2
