@@ -105,3 +105,44 @@ def test_transformers_quantized_targets_are_refused(method, library, where, monk
 def test_an_unquantized_target_is_not_flagged():
     target = make_target("llama", seed=21)
     assert quantization_found(target) is None
+
+
+def _gguf_loaded(target, monkeypatch):
+    """What from_pretrained(..., gguf_file=...) leaves on a model whose GGUF blocks it dequantized on load (the
+    packaged default target): transformers' GGUF quantizer and config, and plain float weights."""
+    from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
+    from transformers.utils.quantization_config import GgufConfig
+
+    quantizer = GgufHfQuantizer(GgufConfig())
+    monkeypatch.setattr(target, "hf_quantizer", quantizer, raising=False)
+    monkeypatch.setattr(target.config, "quantization_config", quantizer.quantization_config, raising=False)
+
+
+def test_a_gguf_checkpoint_dequantized_on_load_is_served_like_plain(monkeypatch):
+    target = make_target("llama", seed=21)
+    drafter = make_drafter(target)
+    _gguf_loaded(target, monkeypatch)
+    assert quantization_found(target) is None
+    options = dict(attention_mask=MASK, max_new_tokens=8, do_sample=False)
+    assert torch.equal(target.generate(IDS, assistant_model=drafter, **options), target.generate(IDS, **options))
+
+
+def test_a_gguf_checkpoint_that_kept_its_quantized_blocks_is_refused(monkeypatch):
+    target = make_target("llama", seed=21)
+    drafter = make_drafter(target)
+    _gguf_loaded(target, monkeypatch)
+    _swap_layer(target, _stand_in("GgufLinear", "transformers.integrations.gguf.modules"))
+    assert quantization_found(target)[0] == "GGUF"
+    _refused(target, drafter, "GGUF", monkeypatch)
+
+
+def test_packed_integer_weights_of_an_unknown_library_are_refused(monkeypatch):
+    target = make_target("llama", seed=21)
+    drafter = make_drafter(target)
+    layer = target.model.layers[1].mlp.down_proj
+    layer.register_parameter("qweight", torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.int32), requires_grad=False))
+    assert quantization_found(target) == ("an unknown library", "model.layers.1.mlp.down_proj.qweight holds "
+                                          "torch.int32 values, not floating-point weights")
+    _guard(target, monkeypatch)
+    with pytest.raises(ValueError, match=r"qweight holds torch.int32 values"):
+        target.generate(IDS, attention_mask=MASK, max_new_tokens=4, do_sample=False, assistant_model=drafter)

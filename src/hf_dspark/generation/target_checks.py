@@ -9,7 +9,8 @@ and the fix:
   tensor for the drafter to share;
 - targets quantized by quanto, torchao, bitsandbytes, GPTQ, AWQ, HQQ or any transformers quantizer (found by
   `model.hf_quantizer`, `config.quantization_config`, or a layer or weight whose class comes from one of those
-  packages, read by name: nothing is imported): their kernels take other paths for one-token decoding steps than
+  packages, read by name: nothing is imported; a GGUF checkpoint that transformers dequantized to float weights on
+  load is accepted): their kernels take other paths for one-token decoding steps than
   for multi-token verification blocks, and some scale activations over the whole forward, so DSpark cannot
   promise plain `generate`'s output (`quantization_found`);
 - an input embedding or LM head whose weight is not held on a device (`meta`, as accelerate's `cpu_offload` /
@@ -49,8 +50,11 @@ def dynamically_quantized_layer(model: torch.nn.Module) -> tuple[str, str] | Non
 QUANTIZATION_PACKAGES = {
     "optimum.quanto": "quanto", "quanto": "quanto", "torchao": "torchao", "bitsandbytes": "bitsandbytes",
     "auto_gptq": "GPTQ", "gptqmodel": "GPTQ", "exllamav2": "GPTQ", "awq": "AWQ", "hqq": "HQQ",
-    "compressed_tensors": "compressed-tensors",
+    "compressed_tensors": "compressed-tensors", "transformers.integrations.gguf": "GGUF",
 }
+# transformers quantizers that may dequantize every weight on load (GGUF without its kernels, or with
+# `dequantize=True`): such a model is refused only when a quantized layer or a non-float weight remains.
+DEQUANTIZING_METHODS = ("gguf",)
 # transformers' `quant_method` values under the library names used above (others are named as they are).
 QUANT_METHOD_NAMES = {"bitsandbytes": "bitsandbytes", "gptq": "GPTQ", "awq": "AWQ", "quanto": "quanto",
                       "hqq": "HQQ", "torchao": "torchao"}
@@ -81,11 +85,19 @@ def quantization_found(model: torch.nn.Module) -> tuple[str, str] | None:
     quantizer = getattr(model, "hf_quantizer", None)
     if quantizer is not None:
         method = _quant_method(getattr(quantizer, "quantization_config", None)) or type(quantizer).__name__
-        return QUANT_METHOD_NAMES.get(method, method), f"model.hf_quantizer (quant_method={method!r})"
+        if method not in DEQUANTIZING_METHODS:
+            return QUANT_METHOD_NAMES.get(method, method), f"model.hf_quantizer (quant_method={method!r})"
     config = getattr(getattr(model, "config", None), "quantization_config", None)
-    if config is not None:
+    if quantizer is None and config is not None:
         method = _quant_method(config) or "unknown"
-        return QUANT_METHOD_NAMES.get(method, method), f"config.quantization_config (quant_method={method!r})"
+        if method not in DEQUANTIZING_METHODS:
+            return QUANT_METHOD_NAMES.get(method, method), f"config.quantization_config (quant_method={method!r})"
+    return _quantized_layer(model)
+
+
+def _quantized_layer(model: torch.nn.Module) -> tuple[str, str] | None:
+    """(library, where) for the first layer or weight of a quantization library's class, or a weight that is not a
+    floating-point tensor (packed quantized blocks), or None."""
     for name, module in model.named_modules():
         library = _package_library(type(module))
         if library is not None:
@@ -94,6 +106,8 @@ def quantization_found(model: torch.nn.Module) -> tuple[str, str] | None:
             library = _package_library(type(tensor))
             if library is not None:
                 return library, f"{name}.{pname} is a {type(tensor).__name__}"
+            if isinstance(tensor, torch.nn.Parameter) and not (tensor.is_floating_point() or tensor.is_complex()):
+                return "an unknown library", f"{name}.{pname} holds {tensor.dtype} values, not floating-point weights"
     return None
 
 
