@@ -83,7 +83,7 @@ class DSparkGenerationOptions:
     Args:
         dspark_policy: the verification policy's registered name (None: "auto").
         dspark_verify_len: ℓ of the "fixed" policy (None: γ).
-        dspark_threshold: prefix-survival threshold of "threshold" (None: 0.5).
+        dspark_threshold: threshold of "threshold" (prefix survival) and "slot_threshold" (each slot) (None: 0.5).
         dspark_step_curve: the target's SPS(B) (None: looked up or profiled when the policy needs one).
         dspark_draft_curve: the drafter's cost curve, for "auto" (None: looked up or profiled).
         dspark_measured_costs: "auto" corrects its curves by earlier rounds' wall times (None: True).
@@ -114,7 +114,7 @@ class DSparkGenerationOptions:
         default=None,
         metadata={
             "help": (
-            "a number in [0, 1], the prefix-survival threshold of the 'threshold' policy (default 0.5)"
+            "a number in [0, 1], where 'threshold' and 'slot_threshold' cut the drafts (default 0.5)"
             )
         },
     )
