@@ -71,7 +71,9 @@ def test_export_satisfies_the_contract_or_is_refused(tmp_path, qwen3_target, eng
         assert not arch.endswith("DSparkModel")  # a 1 + N drafter never under a DSpark architecture
     assert set(declared_layouts(raw).values()) == {drafter.config.sample_from_anchor}
     readme = (out / "README.md").read_text()
-    assert f"exactly γ = {drafter.config.block_size} speculative tokens" in readme and "## Sidecars" in readme
+    gamma = drafter.config.block_size
+    assert f"## Requirement: num_speculative_tokens = γ = {gamma}\n" in readme
+    assert f"exactly γ = {gamma} speculative tokens" in readme and "## Sidecars this engine ignores" in readme
     loaded = DSparkDrafter.from_pretrained(out, target=qwen3_target)
     assert loaded.config.sample_from_anchor == drafter.config.sample_from_anchor
     dflash = arch == "DFlashDraftModel"

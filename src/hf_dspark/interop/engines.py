@@ -71,9 +71,10 @@ def _summary(config: DSparkConfig, contract: EngineContract, out_name: str, dtyp
 def _requirement(config: DSparkConfig, contract: EngineContract) -> list[str]:
     gamma = config.block_size
     return [
-        "## Requirement: the number of speculative tokens is γ",
+        f"## Requirement: num_speculative_tokens = γ = {gamma}",
         "",
-        f"**Launch with exactly γ = {gamma} speculative tokens.** {contract.title} takes γ from "
+        f"**Launch with exactly γ = {gamma} speculative tokens (`num_speculative_tokens = {gamma}`).** "
+        f"{contract.title} takes γ from "
         f"{contract.gamma_from}. Any other value drafts from slots the weights were not trained for: acceptance "
         "collapses at every position and nothing reports an error.",
         "",
@@ -92,7 +93,7 @@ def readme(config: DSparkConfig, engine: str | EngineContract, out_name: str = "
                   + (", without its confidence head (the DFlash class has none)." if config.use_confidence_head
                      else "."), ""]
     lines += [
-        "## Sidecars",
+        "## Sidecars this engine ignores",
         "",
         "`calibration.json` (STS temperatures per decoding mode, c_k = σ(z_k / T_k), and the held-out acceptance) "
         "and `step_curve.json` (SPS(B) of the target where it was profiled) are what hf-dspark's own scheduler "
