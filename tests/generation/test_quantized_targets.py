@@ -86,16 +86,27 @@ def test_torchao_quantized_weights_are_refused(monkeypatch):
 
 @pytest.mark.parametrize(
     ("method", "library"),
-    [("bitsandbytes", "bitsandbytes"), ("gptq", "GPTQ"), ("awq", "AWQ"), ("hqq", "HQQ"), ("quanto", "quanto"),
-     ("torchao", "torchao"), ("fp8", "fp8")],
+    [
+        ("bitsandbytes", "bitsandbytes"),
+        ("gptq", "GPTQ"),
+        ("awq", "AWQ"),
+        ("hqq", "HQQ"),
+        ("quanto", "quanto"),
+        ("torchao", "torchao"),
+        ("fp8", "fp8"),
+    ],
 )
 @pytest.mark.parametrize("where", ["hf_quantizer", "config"])
 def test_transformers_quantized_targets_are_refused(method, library, where, monkeypatch):
     target = make_target("llama", seed=21)
     drafter = make_drafter(target)
     if where == "hf_quantizer":  # what from_pretrained(..., quantization_config=...) leaves on the model
-        monkeypatch.setattr(target, "hf_quantizer", SimpleNamespace(quantization_config=SimpleNamespace(
-            quant_method=method)), raising=False)
+        monkeypatch.setattr(
+            target,
+            "hf_quantizer",
+            SimpleNamespace(quantization_config=SimpleNamespace(quant_method=method)),
+            raising=False,
+        )
     else:  # a quantized checkpoint's config.json
         target.config.quantization_config = {"quant_method": method, "bits": 4}
     assert quantization_found(target)[0] == library
@@ -141,8 +152,10 @@ def test_packed_integer_weights_of_an_unknown_library_are_refused(monkeypatch):
     drafter = make_drafter(target)
     layer = target.model.layers[1].mlp.down_proj
     layer.register_parameter("qweight", torch.nn.Parameter(torch.zeros(4, 4, dtype=torch.int32), requires_grad=False))
-    assert quantization_found(target) == ("an unknown library", "model.layers.1.mlp.down_proj.qweight holds "
-                                          "torch.int32 values, not floating-point weights")
+    assert quantization_found(target) == (
+        "an unknown library",
+        "model.layers.1.mlp.down_proj.qweight holds torch.int32 values, not floating-point weights",
+    )
     _guard(target, monkeypatch)
     with pytest.raises(ValueError, match=r"qweight holds torch.int32 values"):
         target.generate(IDS, attention_mask=MASK, max_new_tokens=4, do_sample=False, assistant_model=drafter)

@@ -50,8 +50,9 @@ def _check_rows(proposal, folder, target, ids, mask, feats, first_slot):
     for r in range(ids.shape[0]):
         n = int(mask[r].sum())
         context = feats[r, -n:-1]
-        drafts, probs, conf = reference_greedy_drafts(weights, raw, context, int(ids[r, -1]), mask_id, gamma,
-                                                      first_slot, embed, lm_head)
+        drafts, probs, conf = reference_greedy_drafts(
+            weights, raw, context, int(ids[r, -1]), mask_id, gamma, first_slot, embed, lm_head
+        )
         assert torch.equal(proposal.draft_ids[r], drafts), r
         torch.testing.assert_close(proposal.draft_probs[r], probs, rtol=1e-4, atol=1e-6)
         if conf is not None:
@@ -153,8 +154,15 @@ def test_read_calibration_takes_the_acceptance_from_either_form_and_checks_it(tm
     sidecar = tmp_path / "calibration.json"
     sidecar.write_text(json.dumps({"reports": {"greedy": {"temperatures": [1.0, 1.0], "acceptance": [0.4, 0.5]}}}))
     assert read_calibration(tmp_path, 2)["heldout_acceptance"] == {"greedy": [0.4, 0.5]}
-    sidecar.write_text(json.dumps({"sampling": [1.0, 1.0], "acceptance": {"sampling": [0.3, 0.2]},
-                                   "reports": {"sampling": {"acceptance": [0.9, 0.9]}}}))
+    sidecar.write_text(
+        json.dumps(
+            {
+                "sampling": [1.0, 1.0],
+                "acceptance": {"sampling": [0.3, 0.2]},
+                "reports": {"sampling": {"acceptance": [0.9, 0.9]}},
+            }
+        )
+    )
     assert read_calibration(tmp_path, 2)["heldout_acceptance"] == {"sampling": [0.3, 0.2]}  # the exported form wins
     sidecar.write_text(json.dumps({"sampling": [1.0, 1.0], "acceptance": {"sampling": [0.3]}}))
     with pytest.raises(ValueError, match=r"calibration.json: the 'sampling' acceptance needs 2 rates"):

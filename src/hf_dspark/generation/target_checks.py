@@ -48,16 +48,30 @@ def dynamically_quantized_layer(model: torch.nn.Module) -> tuple[str, str] | Non
 
 # Packages (by the module path of a layer's or weight's class) whose layers compute quantized, and their names.
 QUANTIZATION_PACKAGES = {
-    "optimum.quanto": "quanto", "quanto": "quanto", "torchao": "torchao", "bitsandbytes": "bitsandbytes",
-    "auto_gptq": "GPTQ", "gptqmodel": "GPTQ", "exllamav2": "GPTQ", "awq": "AWQ", "hqq": "HQQ",
-    "compressed_tensors": "compressed-tensors", "transformers.integrations.gguf": "GGUF",
+    "optimum.quanto": "quanto",
+    "quanto": "quanto",
+    "torchao": "torchao",
+    "bitsandbytes": "bitsandbytes",
+    "auto_gptq": "GPTQ",
+    "gptqmodel": "GPTQ",
+    "exllamav2": "GPTQ",
+    "awq": "AWQ",
+    "hqq": "HQQ",
+    "compressed_tensors": "compressed-tensors",
+    "transformers.integrations.gguf": "GGUF",
 }
 # transformers quantizers that may dequantize every weight on load (GGUF without its kernels, or with
 # `dequantize=True`): such a model is refused only when a quantized layer or a non-float weight remains.
 DEQUANTIZING_METHODS = ("gguf",)
 # transformers' `quant_method` values under the library names used above (others are named as they are).
-QUANT_METHOD_NAMES = {"bitsandbytes": "bitsandbytes", "gptq": "GPTQ", "awq": "AWQ", "quanto": "quanto",
-                      "hqq": "HQQ", "torchao": "torchao"}
+QUANT_METHOD_NAMES = {
+    "bitsandbytes": "bitsandbytes",
+    "gptq": "GPTQ",
+    "awq": "AWQ",
+    "quanto": "quanto",
+    "hqq": "HQQ",
+    "torchao": "torchao",
+}
 
 
 def _package_library(cls: type) -> str | None:

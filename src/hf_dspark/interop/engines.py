@@ -17,8 +17,8 @@ def _launch(config: DSparkConfig, contract: EngineContract, out_name: str, targe
         return [
             "```bash",
             f"vllm serve {target} \\",
-            f"  --speculative-config '{{\"method\": \"{method}\", \"model\": \"{out_name}\", "
-            f"\"num_speculative_tokens\": {gamma}, \"draft_sample_method\": \"probabilistic\"}}'",
+            f'  --speculative-config \'{{"method": "{method}", "model": "{out_name}", '
+            f'"num_speculative_tokens": {gamma}, "draft_sample_method": "probabilistic"}}\'',
             "```",
             "",
             "`draft_sample_method: probabilistic` samples drafts from p_draft and uses it in rejection sampling "
@@ -52,8 +52,12 @@ def _launch(config: DSparkConfig, contract: EngineContract, out_name: str, targe
 
 
 def _summary(config: DSparkConfig, contract: EngineContract, out_name: str, dtype: str) -> list[str]:
-    vocab = (f"a {config.draft_vocab_size}-token draft vocabulary (pruned `lm_head [{config.draft_vocab_size}, "
-             f"{config.hidden_size}]` plus `d2t`)" if config.draft_vocab_size else "the full vocabulary")
+    vocab = (
+        f"a {config.draft_vocab_size}-token draft vocabulary (pruned `lm_head [{config.draft_vocab_size}, "
+        f"{config.hidden_size}]` plus `d2t`)"
+        if config.draft_vocab_size
+        else "the full vocabulary"
+    )
     return [
         f"# DSpark drafter `{out_name}` for {contract.title}",
         "",
@@ -81,17 +85,24 @@ def _requirement(config: DSparkConfig, contract: EngineContract) -> list[str]:
     ]
 
 
-def readme(config: DSparkConfig, engine: str | EngineContract, out_name: str = "OUT", target: str = "TARGET",
-           dtype: str = "bfloat16") -> str:
+def readme(
+    config: DSparkConfig,
+    engine: str | EngineContract,
+    out_name: str = "OUT",
+    target: str = "TARGET",
+    dtype: str = "bfloat16",
+) -> str:
     """Markdown for an export folder: the γ requirement, launch lines, sidecars, notes and the sources read."""
     contract = get_contract(engine)
     lines = _summary(config, contract, out_name, dtype) + _requirement(config, contract)
     lines += [f"## Launch ({contract.title})", "", *_launch(config, contract, out_name, target), ""]
     if not config.sample_from_anchor and contract.config_format != "speculators":
-        lines += ["This drafter uses the anchor + γ masks (1 + N) block, so it is written as a z-lab "
-                  "`DFlashDraftModel` (block_size = γ + 1) and served by the engine's DFlash method"
-                  + (", without its confidence head (the DFlash class has none)." if config.use_confidence_head
-                     else "."), ""]
+        lines += [
+            "This drafter uses the anchor + γ masks (1 + N) block, so it is written as a z-lab "
+            "`DFlashDraftModel` (block_size = γ + 1) and served by the engine's DFlash method"
+            + (", without its confidence head (the DFlash class has none)." if config.use_confidence_head else "."),
+            "",
+        ]
     lines += [
         "## Sidecars this engine ignores",
         "",
