@@ -12,13 +12,13 @@ from hf_dspark.scheduling import BasePolicy, PolicySettings, available_policies,
 from hf_dspark.scheduling.registry import _REGISTRY
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "adding-a-policy.md"
 BUILTINS = ("auto", "fixed", "greedy", "lagged", "threshold", "greedy_padded", "lagged_padded")
 
 
 def _docs_example() -> str:
     match = re.search(r"<!-- example-policy -->\n```python\n(.*?)```\n<!-- /example-policy -->", DOC.read_text(), re.S)
-    assert match, "docs/scheduling.md lost its example policy block"
+    assert match, "docs/adding-a-policy.md lost its example policy block"
     return match.group(1)
 
 

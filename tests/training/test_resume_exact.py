@@ -26,7 +26,7 @@ def _args(output_dir, strategy: str, **overrides) -> DSparkTrainingArguments:
         output_dir=str(output_dir), max_steps=STEPS, per_device_train_batch_size=2, gradient_accumulation_steps=2,
         learning_rate=3e-3, logging_steps=100, save_strategy="no", use_cpu=True, report_to="none",
         disable_tqdm=True, anchors_per_sequence=4, seed=0, dataloader_num_workers=0,
-        train_sampling_strategy=strategy,
+        train_sampling_strategy=strategy, save_total_limit=None,  # every checkpoint is resumed from
     )
     return DSparkTrainingArguments(**{**fields, **overrides})
 

@@ -1,12 +1,12 @@
 """`train(config, args)`: the library entry behind `hf-dspark train` (and `accelerate launch -m hf_dspark.training`).
 
-Example (the embedded default target, online features)::
+The defaults of `DSparkTrainConfig` and `DSparkTrainingArguments` are the recipe in `configs/recipe.yaml`. Example
+(the embedded default target, online features, the recipe with a shorter schedule)::
 
     from hf_dspark.training import DSparkTrainConfig, DSparkTrainingArguments, train
 
-    config = DSparkTrainConfig(data=["data/train_regenerated"], head_type="markov", markov_rank=256)
-    args = DSparkTrainingArguments(output_dir="runs/dspark", max_steps=2000, per_device_train_batch_size=4,
-                                   learning_rate=6e-4, logging_steps=10, save_steps=200)
+    config = DSparkTrainConfig(data=["data/train_regenerated"])
+    args = DSparkTrainingArguments(output_dir="runs/dspark", max_steps=500)
     train(config, args)
 """
 
@@ -64,14 +64,17 @@ class DSparkTrainConfig:
         confidence_with_markov, mask_token_id: `DSparkConfig` fields of a fresh drafter.
         max_length: tokens per training sequence (cut from the right).
         max_new_tokens: generation limit of the data (infers truncated replies in files without `truncated`).
-        validation_fraction: share of conversations held out as `eval_dataset` (deterministic in the seed below).
-        validation_seed: seed of that split (`None`: `args.seed`); fix it when a continued run changes `--seed`.
+        validation_fraction: share of conversations held out as `eval_dataset` (deterministic in the seed below; at
+            least one conversation when above 0).
+        validation_seed: seed of that split (default 0, so a continued run that changes `--seed` keeps its
+            held-out conversations out of training; `None`: `args.seed`).
         max_examples: use only the first n conversations (smoke tests).
         num_threads: torch CPU threads per process (`None`: torch's default).
         feature_cache_batch_size: target batch size while building an offline feature cache.
         draft_vocab_size: draft only over this many most frequent supervised tokens of the training replies
-            (EOS and end-of-turn ids always in); `None` drafts over the full vocabulary. A warm start whose init
-            already drafts over a vocabulary this size or smaller keeps the init's.
+            (EOS and end-of-turn ids always in; default 8192); `0`/`None`, or a size at or above the target's
+            vocabulary, drafts over the full vocabulary. A warm start whose init already drafts over a vocabulary
+            this size or smaller keeps the init's.
         init_from_target_layers: initialise a fresh drafter's layers from the target's last decoder layers.
     """
 
@@ -138,14 +141,14 @@ class DSparkTrainConfig:
         metadata={"help": "Generation limit of the data; marks truncated replies in files without 'truncated'."},
     )
     validation_fraction: float = field(
-        default=0.02,
+        default=0.004,
         metadata={"help": "Share of conversations held out as the eval dataset (deterministic in --validation_seed)."},
     )
     validation_seed: int | None = field(
-        default=None,
+        default=0,
         metadata={
-            "help": "Seed of the validation split (default: --seed). Fix it to change the data order of a "
-            "continued run while keeping its held-out conversations out of training."
+            "help": "Seed of the validation split, independent of --seed so a continued run can change its data "
+            "order while keeping its held-out conversations out of training."
         },
     )
     max_examples: int | None = field(
@@ -158,8 +161,11 @@ class DSparkTrainConfig:
         default=4, metadata={"help": "Target batch size while building an offline feature cache."}
     )
     draft_vocab_size: int | None = field(
-        default=None,
-        metadata={"help": "Draft vocabulary size (most frequent reply tokens); default: the full vocabulary."},
+        default=8192,
+        metadata={
+            "help": "Draft vocabulary size (most frequent reply tokens); 0, or at least the target's vocabulary "
+            "size: the full vocabulary."
+        },
     )
     init_from_target_layers: bool = field(
         default=False, metadata={"help": "Initialise a fresh drafter's layers from the target's last layers."}
@@ -180,6 +186,8 @@ class DSparkTrainConfig:
             raise ValueError(f"qk_norm_init must be one of {QK_NORM_INITS}, got {self.qk_norm_init!r}.")
         if self.qk_norm_fit_sequences < 1:
             raise ValueError(f"qk_norm_fit_sequences must be >= 1, got {self.qk_norm_fit_sequences}.")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 0:
+            raise ValueError(f"draft_vocab_size must be >= 0 (0: the full vocabulary), got {self.draft_vocab_size}.")
         if self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}.")
         try:
@@ -234,15 +242,17 @@ def validation_examples(config: DSparkTrainConfig, tokenizer, seed: int) -> list
 def build_drafter(config: DSparkTrainConfig, target, examples=(), tokenizer=None) -> DSparkDrafter:
     """The drafter to train, bound to `target`: fresh or `config.init_drafter` (converted when `use_qk_norm` asks
     for norms it lacks), restricted to a draft vocabulary built from `examples` when `config.draft_vocab_size` is
-    set."""
+    set and smaller than the target's vocabulary."""
     examples = list(examples)
     changes = {"use_qk_norm": config.use_qk_norm} if config.use_qk_norm is not None else {}
     fit = None
     if config.qk_norm_init == "fit" and examples:
         fit = target_batch_runner(target, examples[: config.qk_norm_fit_sequences])
     draft_vocab = None
-    if config.draft_vocab_size:
-        vocab_size = target.config.get_text_config().vocab_size
+    vocab_size = target.config.get_text_config().vocab_size
+    if config.draft_vocab_size and config.draft_vocab_size >= vocab_size:
+        logger.info(f"draft_vocab_size {config.draft_vocab_size} >= the target's {vocab_size}: the full vocabulary")
+    elif config.draft_vocab_size:
         draft_vocab, share = draft_vocab_from_examples(
             examples, config.draft_vocab_size, vocab_size, end_of_turn_ids(tokenizer)
         )

@@ -20,7 +20,13 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint, rotate_checkpoints
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    IntervalStrategy,
+    SchedulerType,
+    get_last_checkpoint,
+    rotate_checkpoints,
+)
 from transformers.utils import logging
 
 from ..draft_vocab import target_to_draft_index
@@ -40,11 +46,17 @@ FEATURE_MODES = ("online", "offline")
 class DSparkTrainingArguments(TrainingArguments):
     """`TrainingArguments` plus the DSpark objective and feature settings (all independent of γ).
 
+    The defaults are the recipe in `configs/recipe.yaml` (docs/training.md, "The recipe"): dense anchors, 3,000
+    steps of 2 sequences at a cosine learning rate of 5e-4 after 20 warmup steps, no weight decay, seed 0,
+    length-grouped batches, an evaluation every 100 steps (off when there is no `eval_dataset`), a checkpoint every
+    25 steps (the last 3 kept) and a log every 5.
+
     Args:
         alpha_ce, alpha_tv, alpha_conf: weights of Eq. (14) (paper defaults 0.1, 0.9, 1.0).
         alpha_kd: weight of the distillation term KL(p_target ‖ p_draft) added to Eq. (14) (`losses.kd_loss`;
             default 0, the paper's objective).
-        anchors_per_sequence: anchor blocks sampled per sequence per step (N).
+        anchors_per_sequence: anchor blocks sampled per sequence per step (N); the default 512 is at or above the
+            reply length, so every position of the loss region anchors a block (dense anchors).
         feature_mode: `"online"` (the target runs in-process, default) or `"offline"` (safetensors cache).
         feature_cache_dir: folder of the offline cache (required with `feature_mode="offline"`).
         remove_unused_columns: defaults to False here: the batch keys are not the drafter's forward arguments.
@@ -67,7 +79,9 @@ class DSparkTrainingArguments(TrainingArguments):
     alpha_kd: float = field(
         default=0.0, metadata={"help": "Weight of the distillation term KL(p_target || p_draft) (0: paper objective)."}
     )
-    anchors_per_sequence: int = field(default=16, metadata={"help": "Anchor blocks sampled per sequence."})
+    anchors_per_sequence: int = field(
+        default=512, metadata={"help": "Anchor blocks sampled per sequence (512: every reply position, dense)."}
+    )
     feature_mode: str = field(default="online", metadata={"help": "Target features: 'online' or 'offline'."})
     feature_cache_dir: str | None = field(default=None, metadata={"help": "Offline feature cache folder."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep False for DSpark batches."})
@@ -91,6 +105,26 @@ class DSparkTrainingArguments(TrainingArguments):
             "help": "Train for about this many minutes: steps (and the LR schedule's end) from the measured "
             "step time; max_steps stays an upper bound."
         },
+    )
+
+    # TrainingArguments fields whose defaults follow the recipe (configs/recipe.yaml; tests/test_recipe.py).
+    per_device_train_batch_size: int = field(default=2, metadata={"help": "Training sequences per device per step."})
+    per_device_eval_batch_size: int = field(default=4, metadata={"help": "Evaluation sequences per device."})
+    max_steps: int = field(default=3000, metadata={"help": "Optimizer steps (overrides num_train_epochs when > 0)."})
+    learning_rate: float = field(default=5e-4, metadata={"help": "Peak AdamW learning rate."})
+    lr_scheduler_type: SchedulerType | str = field(default="cosine", metadata={"help": "Learning-rate schedule."})
+    warmup_steps: float = field(default=20, metadata={"help": "Linear warmup steps (a ratio when below 1)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the drafter init, the anchors and the data order."})
+    eval_strategy: IntervalStrategy | str = field(
+        default="steps", metadata={"help": "When to evaluate (off by itself when there is no eval dataset)."}
+    )
+    eval_steps: float | None = field(default=100, metadata={"help": "Evaluate every this many steps."})
+    save_steps: float = field(default=25, metadata={"help": "Save a checkpoint every this many steps."})
+    save_total_limit: int | None = field(default=3, metadata={"help": "Checkpoints kept (the oldest are removed)."})
+    logging_steps: float = field(default=5, metadata={"help": "Log every this many steps."})
+    train_sampling_strategy: str = field(
+        default="group_by_length",
+        metadata={"help": "Training order: group_by_length (seeded per epoch, resumable), random or sequential."},
     )
 
     def __post_init__(self) -> None:
@@ -186,6 +220,9 @@ class DSparkTrainer(Trainer):
             "data_collator",
             DSparkCollator(drafter.config.block_size, args.anchors_per_sequence, pad_token_id, seed=args.seed),
         )
+        if kwargs.get("eval_dataset") is None and args.eval_strategy != IntervalStrategy.NO:
+            logger.warning(f"no eval_dataset: evaluation is off (eval_strategy was {args.eval_strategy}).")
+            args.eval_strategy = IntervalStrategy.NO
         super().__init__(model=model, args=args, **kwargs)
         self.add_callback(_CollatorEpochCallback(self.data_collator))
         self.add_callback(_StopAfterStepsCallback())
