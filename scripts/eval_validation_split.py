@@ -28,8 +28,9 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=["data/train_regenerated"], help="the run's --data")
     parser.add_argument("--validation-fraction", type=float, default=0.004, help="the run's --validation_fraction")
     parser.add_argument("--seed", type=int, default=0, help="the run's --seed (the anchors' seed)")
-    parser.add_argument("--validation-seed", type=int, default=None,
-                        help="the run's --validation_seed, which fixes the split (default: --seed, as in training)")
+    parser.add_argument("--validation-seed", type=int, default=0,
+                        help="the run's --validation_seed, which fixes the split (default 0, as in training; "
+                        "pass the run's --seed if it trained with --validation_seed None)")
     parser.add_argument("--target-dtype", default="bfloat16", choices=["float32", "bfloat16"], help="target dtype")
     parser.add_argument("--batch-size", type=int, default=4, help="sequences per evaluation batch")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads, pinned")

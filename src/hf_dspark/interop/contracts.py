@@ -178,14 +178,14 @@ def _draft_vocab(config: DSparkConfig, contract: EngineContract):
     if contract.draft_vocab and contract.architecture(config.sample_from_anchor) == "DFlashDraftModel":
         return ("a draft vocabulary under its DFlash architecture (the route of anchor + γ masks drafters) was not "
                 "verified against its loader.",
-                "export with --engine speculators, or retrain without draft_vocab_size.")
+                "export with --engine speculators, or retrain with the full vocabulary (--draft_vocab_size 0).")
     if contract.draft_vocab:
         return None
     takers = sorted(c.name for c in ENGINE_CONTRACTS.values() if c.draft_vocab)
     return (f"the drafter drafts over a {config.draft_vocab_size}-token draft vocabulary, and {contract.title} "
             f"has no draft vocabulary (its Markov W2 and LM head are [V, r] / [V, d] over all {config.vocab_size} "
             "tokens, and it has no d2t mapping).",
-            f"export with --engine {' or --engine '.join(takers)}, or retrain without draft_vocab_size.")
+            f"export with --engine {' or --engine '.join(takers)}, or retrain with the full vocabulary (--draft_vocab_size 0).")
 
 
 def _confidence(config: DSparkConfig, contract: EngineContract):
