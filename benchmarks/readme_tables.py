@@ -25,12 +25,12 @@ README = ROOT / "README.md"
 BLOCK = re.compile(r"(<!-- results:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 SPEED_METHODS = {
-    "dspark_auto": "DSpark, `auto` (default)",
-    "dspark": "DSpark, ℓ = γ",
-    "hybrid_auto": "hybrid (DSpark or prompt lookup per row), `auto`",
+    "hybrid_auto": "hybrid (DSpark or prompt lookup per row), `auto` (default)",
     "hybrid": "hybrid, ℓ = γ",
+    "dspark_auto": "DSpark drafter alone, `auto`",
+    "dspark": "DSpark drafter alone, ℓ = γ",
     "dflash": "DFlash-style baseline, ℓ = γ",
-    "prompt_lookup": "prompt lookup",
+    "prompt_lookup": "transformers' prompt lookup",
     "lookup": "prompt lookup in the DSpark loop, ℓ = γ",
     "oracle_g7": "oracle drafter, γ = 7",
 }
