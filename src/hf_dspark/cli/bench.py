@@ -183,9 +183,48 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
             f"{row['policy']:10s} {row['concurrency']:3d} {row['aggregate_tokens_per_second']:10.2f} "
             f"{row['per_user_tokens_per_second']:10.2f} {row['mean_verify_len']:7.2f}"
         )
+    print()
+    print("\n".join(ratio_table(report["ratios_to_plain"])))
+    print(auto_verdict(report["ratios_to_plain"]))
     stem = args.out.rsplit(".", 1)[0]
     print(f"wrote {args.out}, {stem}_frontier.png, {stem}_budget.png")
     return 0
+
+
+# The project's goal for the "auto" policy: at least this fraction of plain batched decoding's throughput at every C.
+AUTO_GOAL = 0.95
+
+
+def _by_load(ratios: dict) -> dict[int, float]:
+    """A policy's ratios keyed by C as ints (a report read back from JSON has string keys)."""
+    return {int(c): float(r) for c, r in ratios.items()}
+
+
+def ratio_table(ratios_to_plain: dict[str, dict]) -> list[str]:
+    """Lines of a table of each policy's aggregate tokens/s over plain's (`none`) at each load C; `-` where a
+    policy has no ratio at that C. `ratios_to_plain`: policy -> {C: ratio}, as `bench serve`'s report holds it."""
+    rows = {policy: _by_load(ratios) for policy, ratios in ratios_to_plain.items()}
+    loads = sorted({c for by_load in rows.values() for c in by_load})
+    if not loads:
+        return ["ratio to plain: not measured (needs the 'none' policy beside the others)"]
+    lines = ["ratio to plain (aggregate tokens/s over 'none', median over passes):"]
+    lines.append(f"{'policy':14s}" + "".join(f"{f'C={c}':>8s}" for c in loads))
+    for policy, by_load in rows.items():
+        cells = "".join(f"{by_load[c]:8.2f}" if c in by_load else f"{'-':>8s}" for c in loads)
+        lines.append(f"{policy:14s}{cells}")
+    return lines
+
+
+def auto_verdict(ratios_to_plain: dict[str, dict], goal: float = AUTO_GOAL) -> str:
+    """Whether `auto` reaches `goal`× plain's aggregate tokens/s at every measured C, naming the loads it misses."""
+    by_load = _by_load(ratios_to_plain.get("auto", {}))
+    if not by_load:
+        return f"auto >= {goal:.2f}x plain at every C: not measured (needs the policies 'none' and 'auto')"
+    misses = [f"{ratio:.3f}x at C={c}" for c, ratio in sorted(by_load.items()) if ratio < goal]
+    if misses:
+        return f"auto >= {goal:.2f}x plain at every C: no ({', '.join(misses)})"
+    lowest = min(by_load, key=by_load.get)
+    return f"auto >= {goal:.2f}x plain at every C: yes (lowest {by_load[lowest]:.3f}x at C={lowest})"
 
 
 def _add_speed_command(bench) -> None:
