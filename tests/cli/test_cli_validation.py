@@ -120,8 +120,18 @@ def test_bench_out_refuses_a_file_that_is_not_its_report(command, prompt_file, c
     ],
 )
 def test_prepare_data_names_malformed_extra_generate_kwargs(value, expected, prompt_file, tmp_path, capsys):
-    err = _usage_error(["prepare-data", "--inputs", prompt_file, "--output_dir", str(tmp_path / "out"),
-                        "--extra_generate_kwargs", value], capsys)
+    err = _usage_error(
+        [
+            "prepare-data",
+            "--inputs",
+            prompt_file,
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--extra_generate_kwargs",
+            value,
+        ],
+        capsys,
+    )
     assert err.startswith("usage: hf-dspark prepare-data")
     assert expected in err
     assert not (tmp_path / "out").exists()
@@ -130,8 +140,10 @@ def test_prepare_data_names_malformed_extra_generate_kwargs(value, expected, pro
 @pytest.mark.parametrize(
     ("content", "expected"),
     [
-        ('{"batch_tokens": [1, 2],\n "steps_per_second": [3.0, }',
-         "is not valid JSON: Expecting value at line 2, column"),
+        (
+            '{"batch_tokens": [1, 2],\n "steps_per_second": [3.0, }',
+            "is not valid JSON: Expecting value at line 2, column",
+        ),
         ("[1, 2]", "must hold a JSON object, got a list"),
         ('{"batch_tokens": [1, 2]}', "is not a step curve: A step curve needs 'batch_tokens' and 'steps_per_second'"),
     ],
@@ -139,8 +151,9 @@ def test_prepare_data_names_malformed_extra_generate_kwargs(value, expected, pro
 def test_export_names_a_malformed_step_curve(content, expected, tmp_path, capsys):
     curve = tmp_path / "curve.json"
     curve.write_text(content)
-    err = _usage_error(["export", "--drafter", str(tmp_path), "--step-curve", str(curve), str(tmp_path / "out")],
-                       capsys)
+    err = _usage_error(
+        ["export", "--drafter", str(tmp_path), "--step-curve", str(curve), str(tmp_path / "out")], capsys
+    )
     assert f"argument --step-curve: {curve} {expected}" in err
     assert not (tmp_path / "out").exists()
 
@@ -231,8 +244,48 @@ def test_export_refuses_a_non_empty_output_folder_before_loading_anything(tmp_pa
 def test_prepare_data_refuses_an_input_file_without_prompts(content, prompt_file, tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(content)
-    err = _usage_error(["prepare-data", "--inputs", prompt_file, str(empty), "--output_dir", str(tmp_path / "out")],
-                       capsys)
+    err = _usage_error(
+        ["prepare-data", "--inputs", prompt_file, str(empty), "--output_dir", str(tmp_path / "out")], capsys
+    )
     assert err.startswith("usage: hf-dspark prepare-data")
     assert f"inputs: {empty} holds no prompts (the file is empty or blank)" in err
     assert not (tmp_path / "out").exists()
+
+
+class _Configured(Exception):
+    """Raised by a recording config class: the command got as far as building its config."""
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "config_class", "name"),
+    [
+        (["bench", "speed"], "hf_dspark.eval.speed", "SpeedConfig", "speed"),
+        (["bench", "serve"], "hf_dspark.eval.serve", "ServeConfig", "serve"),
+        (["eval"], "hf_dspark.eval.accepted_length", "EvalConfig", "eval"),
+    ],
+)
+def test_default_out_is_filed_under_the_processor_kind(
+    argv, module, config_class, name, prompt_file, capsys, monkeypatch
+):
+    """Without --out, every result command writes `benchmarks/results/<processor kind>/<name>.json` (the folders
+    of every other result), and its help says so; the config classes default to the same place."""
+    import importlib
+
+    from hf_dspark.provenance import processor_kind
+
+    expected = f"benchmarks/results/{processor_kind('cpu')}/{name}.json"
+    seen = {}
+
+    def record(**kwargs):
+        seen["out"] = kwargs["out"]
+        raise _Configured
+
+    config_module = importlib.import_module(module)
+    assert getattr(config_module, config_class).__dataclass_fields__["out"].default_factory() == expected
+    monkeypatch.setattr(config_module, config_class, record)
+    with pytest.raises(_Configured):
+        main([*argv, "--sets", prompt_file, "--device", "cpu"])
+    assert seen["out"] == expected
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    assert f"benchmarks/results/<processor kind>/{name}.json" in " ".join(capsys.readouterr().out.split())

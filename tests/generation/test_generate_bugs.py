@@ -44,14 +44,21 @@ def test_prefix_allowed_tokens_fn_gets_each_rows_batch_id(pair):
     target, drafter = pair
     ids, mask = ragged_prompts(2, seed=5)
     parity = _Parity()
-    reference, output = _plain_and_dspark(target, drafter, ids, mask, max_new_tokens=16,
-                                          prefix_allowed_tokens_fn=parity)
+    reference, output = _plain_and_dspark(
+        target, drafter, ids, mask, max_new_tokens=16, prefix_allowed_tokens_fn=parity
+    )
     assert torch.equal(reference, output)
     generated = output[:, ids.shape[1] :]
     assert bool((generated[0] % 2 == 0).all()) and bool((generated[1] % 2 == 1).all())
     parity.batch_ids.clear()
-    target.generate(ids, attention_mask=mask, do_sample=False, assistant_model=drafter, max_new_tokens=4,
-                    prefix_allowed_tokens_fn=parity)
+    target.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=False,
+        assistant_model=drafter,
+        max_new_tokens=4,
+        prefix_allowed_tokens_fn=parity,
+    )
     assert parity.batch_ids == {0, 1}  # the user's own object is called, not a per-row copy
 
 
@@ -80,8 +87,13 @@ def test_custom_stateful_processor_is_refused_before_generation(pair):
     ids, mask = ragged_prompts(2, seed=5)
     counting = _CountingProcessor()
     with pytest.raises(ValueError, match=r"_CountingProcessor.*dspark_row_local"):
-        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
-                        logits_processor=LogitsProcessorList([counting]))
+        target.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=4,
+            logits_processor=LogitsProcessorList([counting]),
+        )
     assert counting.calls == 0
 
 
@@ -105,8 +117,13 @@ def _prefix_cache(target, ids, mask, cached):
     cache = DynamicCache(config=target.config)
     positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
     with torch.no_grad():
-        target(ids[:, :cached], attention_mask=mask[:, :cached], position_ids=positions[:, :cached], cache=cache,
-               use_cache=True)
+        target(
+            ids[:, :cached],
+            attention_mask=mask[:, :cached],
+            position_ids=positions[:, :cached],
+            cache=cache,
+            use_cache=True,
+        )
     return cache
 
 
@@ -120,8 +137,14 @@ def test_prefix_cache_feeds_only_uncached_tokens(pair, batch, kwarg):
     reference = target.generate(ids, attention_mask=mask, do_sample=False, **{kwarg: copy.deepcopy(cache)}, **kwargs)
     assert torch.equal(reference, target.generate(ids, attention_mask=mask, do_sample=False, **kwargs))
     for drafter in (make_drafter(target), oracle_for(target, 4, reference, mask)):
-        output = target.generate(ids, attention_mask=mask, do_sample=False, assistant_model=drafter,
-                                 **{kwarg: copy.deepcopy(cache)}, **kwargs)
+        output = target.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            assistant_model=drafter,
+            **{kwarg: copy.deepcopy(cache)},
+            **kwargs,
+        )
         assert torch.equal(reference, output)
 
 
@@ -130,11 +153,11 @@ def test_prefix_cache_gives_the_drafter_the_prefix_features(pair):
     target, _ = pair
     ids, mask = ragged_prompts(1, seed=9, min_len=12, max_len=12)
     cache = _prefix_cache(target, ids, mask, cached=8)
-    reference = target.generate(ids, attention_mask=mask, do_sample=False, cache=copy.deepcopy(cache),
-                                max_new_tokens=20)
+    reference = target.generate(
+        ids, attention_mask=mask, do_sample=False, cache=copy.deepcopy(cache), max_new_tokens=20
+    )
     drafter = oracle_for(target, 4, reference, mask)
-    target.generate(ids, attention_mask=mask, do_sample=False, cache=cache, assistant_model=drafter,
-                    max_new_tokens=20)
+    target.generate(ids, attention_mask=mask, do_sample=False, cache=cache, assistant_model=drafter, max_new_tokens=20)
     assert drafter.last_generation_stats.mean_accepted_length >= 3.0
 
 
@@ -180,18 +203,31 @@ def test_bad_threshold_is_rejected_with_the_range(pair, threshold):
     target, drafter = pair
     ids, mask = ragged_prompts(1)
     with pytest.raises(ValueError, match=r"dspark_threshold must be a number in \[0, 1\]"):
-        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
-                        dspark_policy="threshold", dspark_threshold=threshold)
+        target.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=4,
+            dspark_policy="threshold",
+            dspark_threshold=threshold,
+        )
 
 
-@pytest.mark.parametrize(("curve", "message"), [("missing.json", "no such file 'missing.json'"),
-                                               (5, "must be a StepCurve or the path")])
+@pytest.mark.parametrize(
+    ("curve", "message"), [("missing.json", "no such file 'missing.json'"), (5, "must be a StepCurve or the path")]
+)
 def test_bad_step_curve_is_rejected_up_front(pair, curve, message):
     target, drafter = pair
     ids, mask = ragged_prompts(1)
     with pytest.raises(ValueError, match=message):
-        target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=4,
-                        dspark_policy="greedy", dspark_step_curve=curve)
+        target.generate(
+            ids,
+            attention_mask=mask,
+            assistant_model=drafter,
+            max_new_tokens=4,
+            dspark_policy="greedy",
+            dspark_step_curve=curve,
+        )
 
 
 def test_valid_options_still_pass(pair):
@@ -230,7 +266,23 @@ def test_batched_streamer_sees_every_row_like_plain_generate(pair, drafter_kind)
     reference = target.generate(ids, attention_mask=mask, do_sample=False, streamer=plain, **kwargs)
     if drafter_kind == "oracle":
         drafter = oracle_for(target, 4, reference, mask)
-    output = target.generate(ids, attention_mask=mask, do_sample=False, streamer=spec, assistant_model=drafter,
-                             **kwargs)
+    output = target.generate(
+        ids, attention_mask=mask, do_sample=False, streamer=spec, assistant_model=drafter, **kwargs
+    )
     assert torch.equal(reference, output)
     assert spec.puts == plain.puts and spec.ended
+
+
+# ---------------------------------------------------------------- output dtype
+@pytest.mark.parametrize("return_dict", [False, True])
+def test_int32_prompt_returns_plain_generates_int64_sequences(pair, return_dict):
+    target, drafter = pair
+    ids, mask = ragged_prompts(2, seed=5)
+    ids, mask = ids.int(), mask.int()
+    kwargs = dict(max_new_tokens=8, return_dict_in_generate=return_dict)
+    reference, output = _plain_and_dspark(target, drafter, ids, mask, **kwargs)
+    if return_dict:
+        reference, output = reference.sequences, output.sequences
+    assert reference.dtype == torch.int64
+    assert output.dtype == reference.dtype
+    assert torch.equal(reference, output)

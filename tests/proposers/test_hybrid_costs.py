@@ -106,3 +106,39 @@ def test_the_hybrid_prices_its_dspark_rows_at_the_drafters_own_curve():
     assert curve is not None
     assert curve.to_dict() == load_or_profile_draft_curve(drafter, progress=False).to_dict()
     assert hybrid_for(drafter, "prompt-lookup", draft_curve=DEAR).draft_curve is DEAR
+
+
+CHEAP = StepCurve([1, 4096], [1e6, 1e6])  # a DSpark proposal costs ~nothing: every plan drafts
+
+
+def _auto_policy():
+    from hf_dspark.scheduling.auto import AutoPolicy
+    from hf_dspark.scheduling.records import PolicySettings
+
+    settings = PolicySettings(block_size=GAMMA, step_curve=FLAT, draft_curve=CHEAP, measured_costs=False)
+    return AutoPolicy(settings)
+
+
+def test_auto_keeps_the_hybrids_acceptance_per_request_and_source():
+    """A request alternating between lookup (every draft accepted) and DSpark (none accepted) is planned with the
+    acceptance of the source it uses this round, not a mix of both; a plain drafter keeps one per request."""
+    policy, cap = _auto_policy(), [GAMMA]
+    for _ in range(12):
+        for share, accepted in ((0.0, GAMMA), (1.0, 0)):
+            plan = policy.plan(["a"], cap, torch.tensor([share]))
+            assert plan.drafts and plan.length == GAMMA
+            policy.observe(["a"], torch.tensor([GAMMA]), torch.tensor([accepted]))
+    lookup = policy.plan(["a"], cap, torch.tensor([0.0])).forecast[0]
+    dspark = policy.plan(["a"], cap, torch.tensor([1.0])).forecast[0]
+    assert float(lookup[0]) > 0.8 and float(dspark[0]) < 0.25
+    policy.forget(["a"])
+    assert not policy.planner.tracker.observed(("a", 0.0)) and not policy.planner.tracker.observed(("a", 1.0))
+
+    plain = _auto_policy()
+    for accepted in (GAMMA, 0) * 12:
+        plain.plan(["a"], cap)
+        plain.observe(["a"], torch.tensor([GAMMA]), torch.tensor([accepted]))
+    assert plain.planner.tracker.observed("a")
+    assert 0.25 < float(plain.plan(["a"], cap).forecast[0, 0]) < 0.8  # one mixed estimate without sources
+    plain.forget(["a"])
+    assert not plain.planner.tracker.observed("a")

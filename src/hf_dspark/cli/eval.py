@@ -5,11 +5,18 @@ from __future__ import annotations
 import argparse
 import time
 
+from .bench import RESULTS_HELP, default_out
 from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_drafter_spec, load_target, positive_int
 from .validation import check_drafter_spec, check_files
 
-PAPER_SETS = ["data/eval/gsm8k.jsonl", "data/eval/math500.jsonl", "data/eval/aime25.jsonl",
-              "data/eval/humaneval.jsonl", "data/eval/mbpp.jsonl", "data/eval/mt-bench.jsonl"]
+PAPER_SETS = [
+    "data/eval/gsm8k.jsonl",
+    "data/eval/math500.jsonl",
+    "data/eval/aime25.jsonl",
+    "data/eval/humaneval.jsonl",
+    "data/eval/mbpp.jsonl",
+    "data/eval/mt-bench.jsonl",
+]
 
 
 def parse_drafter_spec(spec: str) -> tuple[str, str]:
@@ -29,8 +36,10 @@ def check_drafter_names(args: argparse.Namespace) -> None:
     if repeated:
         args.parser.error(f"--drafters names must be unique; {', '.join(map(repr, repeated))} is given more than once")
     if PROMPT_LOOKUP in names:
-        args.parser.error(f"--drafters name {PROMPT_LOOKUP!r} is reserved for --prompt-lookup; use that flag (it also "
-                          "sweeps γ) or rename that drafter")
+        args.parser.error(
+            f"--drafters name {PROMPT_LOOKUP!r} is reserved for --prompt-lookup; use that flag (it also "
+            "sweeps γ) or rename that drafter"
+        )
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -39,15 +48,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ..eval.accepted_length import EvalConfig, run_eval
     from ..eval.eval_report import format_table
 
+    args.out = args.out or default_out("eval", args.device)
     check_drafter_names(args)
     check_files(args.parser, "--sets", args.sets)
     for name, path in args.drafters:
         check_drafter_spec(args.parser, f"--drafters {name}=", path)
-    config = EvalConfig(sets=args.sets, temperature=args.temperature, block_size=args.block_size,
-                        sweep_gammas=args.sweep, prompt_lookup=args.prompt_lookup, limit=args.limit,
-                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
-                        threads=args.threads, out=args.out, work_file=args.work_file, resume=not args.restart,
-                        overwrite=args.overwrite)
+    config = EvalConfig(
+        sets=args.sets,
+        temperature=args.temperature,
+        block_size=args.block_size,
+        sweep_gammas=args.sweep,
+        prompt_lookup=args.prompt_lookup,
+        limit=args.limit,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        threads=args.threads,
+        out=args.out,
+        work_file=args.work_file,
+        resume=not args.restart,
+        overwrite=args.overwrite,
+    )
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     target, tokenizer = load_target(args.target, args.dtype, device=args.device)
@@ -67,14 +88,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def add_eval_command(sub) -> None:
     """Register `eval` on the top-level subparsers."""
     ev = sub.add_parser("eval", help="offline accepted length τ per set and drafter, with its figures")
-    ev.add_argument("--drafters", nargs="*", type=parse_drafter_spec, default=[], metavar="NAME=PATH",
-                    help="drafters side by side (PATH `untrained[:γ]` = a random DSpark drafter, for smoke runs; "
-                         "`prompt-lookup[:γ]`, `suffix[:γ]`, `hybrid:PATH`, `hybrid-suffix:PATH`: no model / hybrid)")
+    ev.add_argument(
+        "--drafters",
+        nargs="*",
+        type=parse_drafter_spec,
+        default=[],
+        metavar="NAME=PATH",
+        help="drafters side by side (PATH `untrained[:γ]` = a random DSpark drafter, for smoke runs; "
+        "`prompt-lookup[:γ]`, `suffix[:γ]`, `hybrid:PATH`, `hybrid-suffix:PATH`: no model / hybrid)",
+    )
     ev.add_argument("--prompt-lookup", action="store_true", help="add prompt lookup as a drafter")
     ev.add_argument("--sets", nargs="+", default=PAPER_SETS, help="JSONL prompt sets (default: the paper's six)")
     ev.add_argument("--temperature", type=float, default=1.0, help="1.0 samples (top-k/p off); 0 is greedy")
-    ev.add_argument("--block-size", type=int, default=None,
-                    help="ℓ = γ for the main table (default: each drafter's own block size)")
+    ev.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="ℓ = γ for the main table (default: each drafter's own block size)",
+    )
     ev.add_argument("--sweep", type=int, nargs="*", default=[4, 8, 12, 16], help="γ of the proposal-length sweep")
     ev.add_argument("--limit", type=positive_int, default=None, help="prompts per set, >= 1 (default: all)")
     ev.add_argument("--max-new-tokens", type=int, default=256, help="tokens per turn")
@@ -84,11 +115,17 @@ def add_eval_command(sub) -> None:
     ev.add_argument("--target", default=None, help="causal LM path (default: the embedded SmolLM2 target)")
     ev.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES, help="dtype the target is loaded in")
     ev.add_argument("--device", type=device_name, default="auto", help=DEVICE_HELP)
-    ev.add_argument("--out", default="benchmarks/results/eval.json",
-                    help="JSON report; its figures <stem>_*.png go beside it")
-    ev.add_argument("--work-file", default=None,
-                    help="resumable record of every finished prompt (default: <stem>-<digest>.work.jsonl under "
-                         "eval/ in the user cache, $HF_DSPARK_CACHE or ~/.cache/hf_dspark)")
+    ev.add_argument(
+        "--out",
+        default=None,
+        help=f"JSON report, figures <stem>_*.png beside it (default: {RESULTS_HELP.format(name='eval')})",
+    )
+    ev.add_argument(
+        "--work-file",
+        default=None,
+        help="resumable record of every finished prompt (default: <stem>-<digest>.work.jsonl under "
+        "eval/ in the user cache, $HF_DSPARK_CACHE or ~/.cache/hf_dspark)",
+    )
     ev.add_argument("--restart", action="store_true", help="discard the work file instead of resuming")
     ev.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an eval report")
     ev.set_defaults(func=cmd_eval, parser=ev)

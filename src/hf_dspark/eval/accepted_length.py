@@ -26,6 +26,7 @@ from transformers.utils import logging
 from ..io_utils import check_replaceable
 from ..modeling_dspark import DSparkDrafter
 from ..profiling import cache_root
+from ..provenance import processor_kind
 from .prompt_lookup import prompt_lookup_for
 from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names
 from .work_file import WorkFile, drafter_identity, target_identity
@@ -50,8 +51,9 @@ class EvalConfig:
     batch_size: prompts per generate call (τ is per row either way).
     seed: base seed of the sampling runs.
     threads: torch threads, pinned for the whole run.
-    out: JSON report path; figures `<stem>_*.png` go beside it. It may not be a prompt file, nor an existing file
-        other than an earlier report unless `overwrite`.
+    out: JSON report path (default `benchmarks/results/<processor kind>/eval.json`, this CPU's kind); figures
+        `<stem>_*.png` go beside it. It may not be a prompt file, nor an existing file other than an earlier report
+        unless `overwrite`.
     work_file: the resumable record of every finished prompt (JSONL). None: `<stem>-<digest of out>.work.jsonl`
         under `eval/` in the user cache (`$HF_DSPARK_CACHE`, else `~/.cache/hf_dspark`), so that it stays out of
         a results folder kept in git.
@@ -70,7 +72,7 @@ class EvalConfig:
     batch_size: int = 4
     seed: int = 0
     threads: int = 2
-    out: str = "benchmarks/results/eval.json"
+    out: str = field(default_factory=lambda: f"benchmarks/results/{processor_kind()}/eval.json")
     work_file: str | None = None
     resume: bool = True
     overwrite: bool = False
@@ -145,13 +147,16 @@ def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Te
     rounds drafted (a plain-decoding round has none).
     """
     if len(calls) != stats.rounds or len(stats.accepted_drafts) != stats.rounds:
-        raise RuntimeError(f"recorded {len(calls)} rounds and {len(stats.accepted_drafts)} acceptance counts for "
-                           f"{stats.rounds} rounds")
+        raise RuntimeError(
+            f"recorded {len(calls)} rounds and {len(stats.accepted_drafts)} acceptance counts for "
+            f"{stats.rounds} rounds"
+        )
     out = []
     for row in range(sequences.shape[0]):
         position, rounds, logits = 1, [], []
-        for call, lens, committed, accepted in zip(calls, stats.verify_lens, stats.accepted_lengths,
-                                                   stats.accepted_drafts):
+        for call, lens, committed, accepted in zip(
+            calls, stats.verify_lens, stats.accepted_lengths, stats.accepted_drafts
+        ):
             if row not in lens:
                 continue
             count = committed[row]
@@ -167,12 +172,15 @@ def rounds_from_generation(stats, calls: list[ProposalCall], sequences: torch.Te
 # ---------------------------------------------------------------------------------------------- generation
 def generation_config_for(target, config: EvalConfig, verify_len: int, pad_token_id: int) -> GenerationConfig:
     """Plain sampling at `temperature` (top-k/top-p off) or greedy, DSpark fixed ℓ = `verify_len`."""
-    sampling = dict(do_sample=False) if config.greedy else dict(
-        do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0
+    sampling = (
+        dict(do_sample=False)
+        if config.greedy
+        else dict(do_sample=True, temperature=config.temperature, top_k=0, top_p=1.0)
     )
     eos = target.generation_config.eos_token_id
-    generation = GenerationConfig(max_new_tokens=config.max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id,
-                                  **sampling)
+    generation = GenerationConfig(
+        max_new_tokens=config.max_new_tokens, eos_token_id=eos, pad_token_id=pad_token_id, **sampling
+    )
     generation.dspark_policy = "fixed"
     generation.dspark_verify_len = verify_len
     return generation
@@ -188,8 +196,9 @@ def _left_pad(prompts: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Ten
     return ids, mask
 
 
-def generate_rows(target, tokenizer, plan: Plan, prompts: list[torch.Tensor], generation: GenerationConfig,
-                  seed: int) -> list[dict]:
+def generate_rows(
+    target, tokenizer, plan: Plan, prompts: list[torch.Tensor], generation: GenerationConfig, seed: int
+) -> list[dict]:
     """One batched DSpark generate call; returns a partial record per prompt (rounds, logits, reply...)."""
     ids, mask = _left_pad(prompts, generation.pad_token_id)
     torch.manual_seed(seed)
@@ -197,16 +206,26 @@ def generate_rows(target, tokenizer, plan: Plan, prompts: list[torch.Tensor], ge
     recorder = ProposalRecorder()
     generation = copy.deepcopy(generation)
     generation.dspark_observers = [recorder]
-    sequences = target.generate(ids.to(target.device), attention_mask=mask.to(target.device),
-                                generation_config=generation, assistant_model=plan.drafter)
+    sequences = target.generate(
+        ids.to(target.device),
+        attention_mask=mask.to(target.device),
+        generation_config=generation,
+        assistant_model=plan.drafter,
+    )
     seconds = time.perf_counter() - start
     rows = rounds_from_generation(plan.drafter.last_generation_stats, recorder.calls, sequences.cpu(), ids.shape[1])
     records = []
     for row, (rounds, logits, new_tokens) in enumerate(rows):
         reply_ids = sequences[row, ids.shape[1] : ids.shape[1] + new_tokens]
-        records.append(dict(rounds=rounds, confidence_logits=logits, new_tokens=new_tokens,
-                            reply=tokenizer.decode(reply_ids, skip_special_tokens=True).strip(),
-                            seconds=seconds / len(prompts)))
+        records.append(
+            dict(
+                rounds=rounds,
+                confidence_logits=logits,
+                new_tokens=new_tokens,
+                reply=tokenizer.decode(reply_ids, skip_special_tokens=True).strip(),
+                seconds=seconds / len(prompts),
+            )
+        )
     return records
 
 
@@ -215,12 +234,16 @@ def _seed(config: EvalConfig, *parts) -> int:
 
 
 def _pending_turns(work: WorkFile, plan: Plan, set_name: str, items: list[dict]) -> int:
-    return sum(work.get(plan.name, plan.verify_len, set_name, i, t) is None
-               for i, item in enumerate(items) for t in range(len(item["turns"])))
+    return sum(
+        work.get(plan.name, plan.verify_len, set_name, i, t) is None
+        for i, item in enumerate(items)
+        for t in range(len(item["turns"]))
+    )
 
 
-def run_plan_on_set(plan: Plan, set_name: str, items: list[dict], target, tokenizer, config: EvalConfig,
-                    work: WorkFile) -> None:
+def run_plan_on_set(
+    plan: Plan, set_name: str, items: list[dict], target, tokenizer, config: EvalConfig, work: WorkFile
+) -> None:
     """Play every pending (prompt, turn) of a set with one drafter at ℓ, in batches, turn by turn."""
     pending = _pending_turns(work, plan, set_name, items)
     if not pending:
@@ -231,8 +254,11 @@ def run_plan_on_set(plan: Plan, set_name: str, items: list[dict], target, tokeni
     for start in range(0, len(items), config.batch_size):
         batch = range(start, min(start + config.batch_size, len(items)))
         for turn in range(max(len(items[i]["turns"]) for i in batch)):
-            todo = [i for i in batch if turn < len(items[i]["turns"])
-                    and work.get(plan.name, plan.verify_len, set_name, i, turn) is None]
+            todo = [
+                i
+                for i in batch
+                if turn < len(items[i]["turns"]) and work.get(plan.name, plan.verify_len, set_name, i, turn) is None
+            ]
             if not todo:
                 continue
             prompts = []
@@ -241,8 +267,18 @@ def run_plan_on_set(plan: Plan, set_name: str, items: list[dict], target, tokeni
                 prompts.append(chat_input_ids(tokenizer, items[i]["turns"][: turn + 1], replies))
             seed = _seed(config, plan.name, plan.verify_len, set_name, todo[0], turn)
             for i, record in zip(todo, generate_rows(target, tokenizer, plan, prompts, generation, seed)):
-                work.append(dict(drafter=plan.name, verify_len=plan.verify_len, role=plan.role, set=set_name,
-                                 prompt=i, turn=turn, call=todo, **record))
+                work.append(
+                    dict(
+                        drafter=plan.name,
+                        verify_len=plan.verify_len,
+                        role=plan.role,
+                        set=set_name,
+                        prompt=i,
+                        turn=turn,
+                        call=todo,
+                        **record,
+                    )
+                )
             bar.update(len(todo))
     bar.close()
 
@@ -259,8 +295,10 @@ def make_plans(config: EvalConfig, target, drafters: dict[str, DSparkDrafter]) -
             lookups[gamma] = prompt_lookup_for(target, gamma)
         return lookups[gamma]
 
-    plans = [Plan(n, d, min(config.block_size or d.config.block_size, d.config.block_size), "main")
-             for n, d in drafters.items()]
+    plans = [
+        Plan(n, d, min(config.block_size or d.config.block_size, d.config.block_size), "main")
+        for n, d in drafters.items()
+    ]
     if config.prompt_lookup:
         plans.append(Plan(PROMPT_LOOKUP, lookup(main_pl), main_pl, "main"))
     skipped: dict[str, list[int]] = {}

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
 from ..io_utils import check_replaceable, write_json_atomic
-from ..provenance import result_provenance
+from ..provenance import processor_kind, result_provenance
 from ..scheduling import NO_SPECULATION, PolicyMemory, canonical_policy_name
 
 POLICY_NAMES = (NO_SPECULATION, "fixed1", "fixed", "threshold", "lagged_padded", "auto")
@@ -44,8 +44,8 @@ class ServeConfig:
         policy); a (policy, C) result is the median over passes and its ratio to plain the median of the per-pass
         ratios, which a shared machine's load drifts disturb less than one long pass.
     seed: prompt order and arrivals.
-    out: JSON path (PNGs beside it). An existing file there must be an earlier serve report (it is replaced) unless
-        `overwrite`.
+    out: JSON path (default `benchmarks/results/<processor kind>/serve.json`, this CPU's kind; PNGs beside it). An
+        existing file there must be an earlier serve report (it is replaced) unless `overwrite`.
     overwrite: replace an existing `out` that is not an `hf-dspark bench serve` report.
     """
 
@@ -58,7 +58,7 @@ class ServeConfig:
     threads: int = 2
     repeats: int = 1
     seed: int = 0
-    out: str = "benchmarks/results/serve.json"
+    out: str = field(default_factory=lambda: f"benchmarks/results/{processor_kind()}/serve.json")
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -71,9 +71,17 @@ class ServeConfig:
         check_replaceable(self.out, SERVE_REPORT_KEYS, "an hf-dspark bench serve report", self.overwrite)
 
 
-def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_curve=None,
-                memory_key=None, greedy: bool = True, acceptance_prior: list[float] | None = None,
-                memory: PolicyMemory | None = None) -> VerificationPolicy | str:
+def make_policy(
+    name: str,
+    block_size: int,
+    step_curve,
+    threshold: float,
+    draft_curve=None,
+    memory_key=None,
+    greedy: bool = True,
+    acceptance_prior: list[float] | None = None,
+    memory: PolicyMemory | None = None,
+) -> VerificationPolicy | str:
     """The engine policy for a benchmark name. "auto" keeps its pooled acceptance in `memory` (one per benchmark
     run), so load levels after the first start from what earlier levels observed, like a long-running server;
     None starts every level from nothing. It starts from the held-out acceptance of `memory_key` (the drafter) for
@@ -87,15 +95,29 @@ def make_policy(name: str, block_size: int, step_curve, threshold: float, draft_
     if name == "threshold":
         return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
     if name == "auto":
-        return VerificationPolicy("auto", block_size=block_size, step_curve=step_curve, draft_curve=draft_curve,
-                                  memory_key=memory_key, greedy=greedy, acceptance_prior=acceptance_prior,
-                                  memory=memory)
+        return VerificationPolicy(
+            "auto",
+            block_size=block_size,
+            step_curve=step_curve,
+            draft_curve=draft_curve,
+            memory_key=memory_key,
+            greedy=greedy,
+            acceptance_prior=acceptance_prior,
+            memory=memory,
+        )
     # The engine pads rows to 1 + max ℓ_r, so the scheduler uses the padded-cost lagged rule (README, Scheduling).
     return VerificationPolicy("lagged_padded", block_size=block_size, step_curve=step_curve)
 
 
-def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: int, total: int,
-              max_new_tokens: int, arrival_rate: float | None, rng: random.Random) -> dict:
+def run_level(
+    engine: DSparkEngine,
+    prompts: list[torch.Tensor],
+    concurrency: int,
+    total: int,
+    max_new_tokens: int,
+    arrival_rate: float | None,
+    rng: random.Random,
+) -> dict:
     """Serve `total` requests at one load level; returns its metrics."""
     start = time.perf_counter()
     issued, next_arrival = 0, start
@@ -132,7 +154,9 @@ def run_level(engine: DSparkEngine, prompts: list[torch.Tensor], concurrency: in
         "per_user_tokens_per_second": statistics.mean(per_user),
         "mean_verify_len": statistics.mean(budgets) if budgets else 0.0,
         "mean_running": statistics.mean(rec.running for rec in engine.records) if engine.records else 0.0,
-        "tokens": tokens, "seconds": wall, "rounds": len(engine.records),
+        "tokens": tokens,
+        "seconds": wall,
+        "rounds": len(engine.records),
         "mean_committed_per_round": statistics.mean(c for rec in engine.records for c in rec.committed),
         "drafted_round_fraction": sum(rec.drafted > 0 for rec in engine.records) / max(len(engine.records), 1),
         "policy_seconds_per_round": policy_seconds / max(len(engine.records), 1),
@@ -152,8 +176,15 @@ def _curves(config: ServeConfig, target, drafter, step_curve, draft_curve):
     return step_curve, draft_curve
 
 
-def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor], drafter, step_curve=None,
-                        drafter_label: str = "drafter", draft_curve=None) -> dict:
+def run_serve_benchmark(
+    config: ServeConfig,
+    target,
+    prompts: list[torch.Tensor],
+    drafter,
+    step_curve=None,
+    drafter_label: str = "drafter",
+    draft_curve=None,
+) -> dict:
     """Serve `prompts` (token-id tensors, issued in the given order and cycled; request i gets prompt i % n, which
     keeps request ids aligned with per-prompt data such as an oracle drafter's references) per policy and load.
 
@@ -167,17 +198,32 @@ def run_serve_benchmark(config: ServeConfig, target, prompts: list[torch.Tensor]
     runs = []
     levels = [(r, p, c) for c in config.concurrency for r in range(config.repeats) for p in config.policies]
     for repeat, policy_name, concurrency in tqdm(levels, desc="serve levels"):
-        policy = make_policy(policy_name, drafter.config.block_size, step_curve, config.threshold, draft_curve,
-                             memory_key=drafter, memory=memory)
-        engine = DSparkEngine(target, None if policy == "none" else drafter, policy=policy,
-                              max_running=max(config.concurrency))
+        policy = make_policy(
+            policy_name,
+            drafter.config.block_size,
+            step_curve,
+            config.threshold,
+            draft_curve,
+            memory_key=drafter,
+            memory=memory,
+        )
+        engine = DSparkEngine(
+            target, None if policy == "none" else drafter, policy=policy, max_running=max(config.concurrency)
+        )
         total = max(config.requests_per_level, concurrency)
         metrics = run_level(engine, prompts, concurrency, total, config.max_new_tokens, config.arrival_rate, rng)
         runs.append({"policy": policy_name, "concurrency": concurrency, "repeat": repeat, **metrics})
     dtype = str(next(target.parameters()).dtype).removeprefix("torch.")
-    report = {"config": asdict(config), "drafter": drafter_label, "block_size": drafter.config.block_size,
-              "torch_threads": config.threads, "dtype": dtype, "results": median_results(runs),
-              "ratios_to_plain": ratios_to_plain(runs), "runs": runs}
+    report = {
+        "config": asdict(config),
+        "drafter": drafter_label,
+        "block_size": drafter.config.block_size,
+        "torch_threads": config.threads,
+        "dtype": dtype,
+        "results": median_results(runs),
+        "ratios_to_plain": ratios_to_plain(runs),
+        "runs": runs,
+    }
     _write(report, Path(config.out))
     return report
 
@@ -189,8 +235,11 @@ def median_results(runs: list[dict]) -> list[dict]:
         groups.setdefault((run["policy"], run["concurrency"]), []).append(run)
     rows = []
     for (policy, concurrency), group in groups.items():
-        metrics = {k: statistics.median(r[k] for r in group) for k, v in group[0].items()
-                   if isinstance(v, (int, float)) and k not in ("concurrency", "repeat")}
+        metrics = {
+            k: statistics.median(r[k] for r in group)
+            for k, v in group[0].items()
+            if isinstance(v, (int, float)) and k not in ("concurrency", "repeat")
+        }
         rows.append({"policy": policy, "concurrency": concurrency, "passes": len(group), **metrics})
     return rows
 
@@ -198,8 +247,9 @@ def median_results(runs: list[dict]) -> list[dict]:
 def ratios_to_plain(runs: list[dict]) -> dict[str, dict[int, float]]:
     """Aggregate tokens/s of every policy over `none` (plain batched decoding) at the same C and pass, measured
     back to back; the median over passes."""
-    plain = {(r["concurrency"], r.get("repeat", 0)): r["aggregate_tokens_per_second"] for r in runs
-             if r["policy"] == "none"}
+    plain = {
+        (r["concurrency"], r.get("repeat", 0)): r["aggregate_tokens_per_second"] for r in runs if r["policy"] == "none"
+    }
     paired: dict[str, dict[int, list[float]]] = {}
     for r in runs:
         key = (r["concurrency"], r.get("repeat", 0))
@@ -228,11 +278,16 @@ def plot_serve(report: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name, rows in by_policy.items():
         rows = sorted(rows, key=lambda r: r["concurrency"])
-        ax.plot([r["per_user_tokens_per_second"] for r in rows], [r["aggregate_tokens_per_second"] for r in rows],
-                marker="o", label=name)
+        ax.plot(
+            [r["per_user_tokens_per_second"] for r in rows],
+            [r["aggregate_tokens_per_second"] for r in rows],
+            marker="o",
+            label=name,
+        )
         for r in rows:
-            ax.annotate(str(r["concurrency"]), (r["per_user_tokens_per_second"], r["aggregate_tokens_per_second"]),
-                        fontsize=6)
+            ax.annotate(
+                str(r["concurrency"]), (r["per_user_tokens_per_second"], r["aggregate_tokens_per_second"]), fontsize=6
+            )
     ax.set_xlabel("per-user tokens/s")
     ax.set_ylabel("aggregate tokens/s")
     ax.set_title(f"throughput vs per-user speed\n{report['drafter']}; point labels = C", fontsize=9)

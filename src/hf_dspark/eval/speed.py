@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..io_utils import check_replaceable, write_json_atomic
-from ..provenance import result_provenance
+from ..provenance import processor_kind, result_provenance
 from ..scheduling import PolicyMemory
 from .oracle import oracle_for
 from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
@@ -32,10 +32,27 @@ logger = logging.get_logger(__name__)
 
 SPEED_REPORT_KEYS = ("config", "cpu_count", "results", "runs")  # of every speed report (`summarise`), no serve report
 # what `methods` may select ("scheduler": dspark_<scheduler>; "oracle": every oracle_g<γ>[_auto]); plain always runs
-SPEED_METHOD_CHOICES = ("prompt_lookup", "lookup", "dflash", "dspark", "scheduler", "dspark_auto", "hybrid",
-                        "hybrid_auto", "oracle")
-DEFAULT_SPEED_METHODS = ("prompt_lookup", "dflash", "dspark", "scheduler", "dspark_auto", "hybrid", "hybrid_auto",
-                         "oracle")
+SPEED_METHOD_CHOICES = (
+    "prompt_lookup",
+    "lookup",
+    "dflash",
+    "dspark",
+    "scheduler",
+    "dspark_auto",
+    "hybrid",
+    "hybrid_auto",
+    "oracle",
+)
+DEFAULT_SPEED_METHODS = (
+    "prompt_lookup",
+    "dflash",
+    "dspark",
+    "scheduler",
+    "dspark_auto",
+    "hybrid",
+    "hybrid_auto",
+    "oracle",
+)
 
 
 @dataclass
@@ -62,8 +79,9 @@ class SpeedConfig:
         dflash, dspark (ℓ = γ), scheduler (`dspark_<scheduler>`), dspark_auto, hybrid (the DSpark drafter and
         prompt lookup chosen per row and round, ℓ = γ), hybrid_auto (the hybrid with "auto"), oracle. Methods
         that need a drafter are skipped without one; `auto`, `untrained` and `unpacked` still add their runs.
-    out: JSON result path (a PNG plot is written beside it). An existing file there must be an earlier speed report
-        (it is replaced) unless `overwrite`.
+    out: JSON result path (default `benchmarks/results/<processor kind>/speed.json`, this CPU's kind; a PNG plot is
+        written beside it). An existing file there must be an earlier speed report (it is replaced) unless
+        `overwrite`.
     overwrite: replace an existing `out` that is not an `hf-dspark bench speed` report.
     """
 
@@ -81,7 +99,7 @@ class SpeedConfig:
     untrained: bool = False
     unpacked: bool = False
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_SPEED_METHODS))
-    out: str = "benchmarks/results/speed.json"
+    out: str = field(default_factory=lambda: f"benchmarks/results/{processor_kind()}/speed.json")
     overwrite: bool = False
 
     def __post_init__(self) -> None:
@@ -147,8 +165,7 @@ class _MethodBuilder:
 
     def __init__(self, target, input_ids, config: SpeedConfig, memories: dict, step_curve=None) -> None:
         self.target, self.input_ids, self.memories = target, input_ids, memories
-        self.common = dict(do_sample=False, max_new_tokens=config.max_new_tokens,
-                           min_new_tokens=config.max_new_tokens)
+        self.common = dict(do_sample=False, max_new_tokens=config.max_new_tokens, min_new_tokens=config.max_new_tokens)
         self.curve = {"dspark_step_curve": step_curve} if step_curve is not None else {}
 
     def run(self, drafter, **options):
@@ -170,8 +187,10 @@ class _MethodBuilder:
 
 def _methods(build: _MethodBuilder, reference, config: SpeedConfig, drafters: SpeedDrafters) -> dict:
     """Every method of one prompt that `config` selects, in run order: name -> (fn, drafter or None)."""
-    methods = {"plain": build.plain(),
-               "prompt_lookup": build.plain(prompt_lookup_num_tokens=config.prompt_lookup_tokens)}
+    methods = {
+        "plain": build.plain(),
+        "prompt_lookup": build.plain(prompt_lookup_num_tokens=config.prompt_lookup_tokens),
+    }
     if drafters.lookup is not None:
         methods["lookup"] = build.fixed(drafters.lookup)
     if drafters.baseline is not None:
@@ -208,12 +227,16 @@ def _timed_row(fn, owner, input_ids, reference) -> dict:
     seconds, out = timed(fn)
     new = out.shape[1] - input_ids.shape[1]
     stats = owner.last_generation_stats if owner is not None else None
-    row = dict(seconds=seconds, new_tokens=new, tokens_per_second=new / seconds,
-               accepted_length=stats.mean_accepted_length if stats else None,
-               policy_seconds=stats.policy_seconds if stats else None,
-               skipped_rounds=stats.skipped_rounds if stats else None,
-               rounds=stats.rounds if stats else None,
-               identical=bool(torch.equal(out, reference)))
+    row = dict(
+        seconds=seconds,
+        new_tokens=new,
+        tokens_per_second=new / seconds,
+        accepted_length=stats.mean_accepted_length if stats else None,
+        policy_seconds=stats.policy_seconds if stats else None,
+        skipped_rounds=stats.skipped_rounds if stats else None,
+        rounds=stats.rounds if stats else None,
+        identical=bool(torch.equal(out, reference)),
+    )
     if counts:  # the hybrid: the share of its row-proposals that came from prompt lookup
         dspark, lookup = (after - before for after, before in zip(owner.source_counts, counts))
         row["lookup_share"] = lookup / max(dspark + lookup, 1)
@@ -238,16 +261,32 @@ def run_speed_benchmark(config: SpeedConfig, target, tokenizer, drafter=None, ba
                 fn()
             for repeat in range(config.repeats):
                 for name, (fn, owner) in methods.items():
-                    rows.append(dict(set=set_name, prompt=index, repeat=repeat, method=name,
-                                     **_timed_row(fn, owner, input_ids, reference)))
+                    rows.append(
+                        dict(
+                            set=set_name,
+                            prompt=index,
+                            repeat=repeat,
+                            method=name,
+                            **_timed_row(fn, owner, input_ids, reference),
+                        )
+                    )
     report = summarise(rows, config)
     _write(report, config.out)
     return report
 
 
 def _method_order(name: str) -> tuple[int, int, str]:
-    order = {"plain": 0, "prompt_lookup": 1, "lookup": 2, "dflash": 3, "dspark": 4, "hybrid": 6, "hybrid_auto": 7,
-             "untrained": 8, "untrained_auto": 9}
+    order = {
+        "plain": 0,
+        "prompt_lookup": 1,
+        "lookup": 2,
+        "dflash": 3,
+        "dspark": 4,
+        "hybrid": 6,
+        "hybrid_auto": 7,
+        "untrained": 8,
+        "untrained_auto": 9,
+    }
     if name in order:
         return order[name], 0, name
     if name.startswith("dspark_"):
@@ -261,15 +300,22 @@ def _policy_summary(runs: list[dict]) -> dict[str, float]:
     rounds = sum(r.get("rounds") or 0 for r in runs)
     if not rounds:
         return {}
-    return {"skipped_round_fraction": sum(r["skipped_rounds"] for r in runs) / rounds,
-            "policy_share_of_time": sum(r["policy_seconds"] for r in runs) / sum(r["seconds"] for r in runs)}
+    return {
+        "skipped_round_fraction": sum(r["skipped_rounds"] for r in runs) / rounds,
+        "policy_share_of_time": sum(r["policy_seconds"] for r in runs) / sum(r["seconds"] for r in runs),
+    }
 
 
 def ratio_spread(ratios: list[float]) -> dict:
     """The median of paired ratios with its spread: interquartile range [q1, q3], min, max and the pair count."""
     q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else ratios * 3
-    return {"median_ratio_to_plain": statistics.median(ratios), "ratio_interquartile_range": [q1, q3],
-            "ratio_min": min(ratios), "ratio_max": max(ratios), "pairs": len(ratios)}
+    return {
+        "median_ratio_to_plain": statistics.median(ratios),
+        "ratio_interquartile_range": [q1, q3],
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "pairs": len(ratios),
+    }
 
 
 def _method_summary(mine: list[dict], base: dict) -> dict:
@@ -277,11 +323,13 @@ def _method_summary(mine: list[dict], base: dict) -> dict:
     ratios = [r["tokens_per_second"] / base[(r["prompt"], r["repeat"])] for r in mine]
     taus = [r["accepted_length"] for r in mine if r["accepted_length"] is not None]
     shares = [r["lookup_share"] for r in mine if "lookup_share" in r]
-    cell = {"median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in mine),
-            "mean_accepted_length": statistics.mean(taus) if taus else None,
-            **ratio_spread(ratios),
-            "all_outputs_identical_to_plain": all(r["identical"] for r in mine),
-            **_policy_summary(mine)}
+    cell = {
+        "median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in mine),
+        "mean_accepted_length": statistics.mean(taus) if taus else None,
+        **ratio_spread(ratios),
+        "all_outputs_identical_to_plain": all(r["identical"] for r in mine),
+        **_policy_summary(mine),
+    }
     if shares:
         cell["lookup_share"] = statistics.mean(shares)
     return cell
@@ -294,17 +342,31 @@ def summarise(rows: list[dict], config: SpeedConfig) -> dict:
     sets = sorted({r["set"] for r in rows})
     table: dict[str, dict[str, dict]] = {}
     for set_name in sets:
-        base = {(r["prompt"], r["repeat"]): r["tokens_per_second"] for r in rows
-                if r["set"] == set_name and r["method"] == "plain"}
-        table[set_name] = {method: _method_summary([r for r in rows if r["set"] == set_name and r["method"] == method],
-                                                   base) for method in methods}
-    macro = {method: {"mean_of_median_ratios_to_plain": statistics.mean(table[s][method]["median_ratio_to_plain"]
-                                                                        for s in sets),
-                      "all_outputs_identical_to_plain": all(table[s][method]["all_outputs_identical_to_plain"]
-                                                            for s in sets)}
-             for method in methods if all(method in table[s] for s in sets)}
-    return {"config": asdict(config), "torch_threads": config.threads, "cpu_count": os.cpu_count(),
-            "results": table, "macro": macro, "runs": rows}
+        base = {
+            (r["prompt"], r["repeat"]): r["tokens_per_second"]
+            for r in rows
+            if r["set"] == set_name and r["method"] == "plain"
+        }
+        table[set_name] = {
+            method: _method_summary([r for r in rows if r["set"] == set_name and r["method"] == method], base)
+            for method in methods
+        }
+    macro = {
+        method: {
+            "mean_of_median_ratios_to_plain": statistics.mean(table[s][method]["median_ratio_to_plain"] for s in sets),
+            "all_outputs_identical_to_plain": all(table[s][method]["all_outputs_identical_to_plain"] for s in sets),
+        }
+        for method in methods
+        if all(method in table[s] for s in sets)
+    }
+    return {
+        "config": asdict(config),
+        "torch_threads": config.threads,
+        "cpu_count": os.cpu_count(),
+        "results": table,
+        "macro": macro,
+        "runs": rows,
+    }
 
 
 def _write(report: dict, out: str) -> None:

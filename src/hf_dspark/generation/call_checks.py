@@ -7,6 +7,9 @@ Each check runs before any forward pass, profiling or cache work, and names the 
 - settings that make transformers draft with something else than the assistant (`assistant_early_exit`,
   `prompt_lookup_num_tokens`, `use_mtp`, `speculation_type`) or verify against a mixture
   (`assistant_ensemble_weight`), which a DSpark drafter would silently ignore;
+- transformers' assisted-decoding knobs (`num_assistant_tokens`, `num_assistant_tokens_schedule`,
+  `assistant_confidence_threshold`) when the caller sets them: DSpark's verification policies decide how many
+  drafts to verify, so the knobs would be ignored; the message names the DSpark option that does the same;
 - RoPE scalings whose frequencies depend on the longest position of a forward (`dynamic` NTK, `longrope`), when
   the call can reach their threshold: a verification forward carries draft slots past the committed tokens, so
   it would cross the threshold at other steps than plain decoding and change every logit from there;
@@ -19,8 +22,10 @@ Each check runs before any forward pass, profiling or cache work, and names the 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
+from transformers import GenerationConfig
 from transformers.utils import logging
 
 from .static_cache import STATIC_PATH_CACHES
@@ -69,6 +74,55 @@ def check_other_drafting(settings: Mapping) -> None:
         value = settings.get(name)
         if value is not None and value is not False:
             raise ValueError(f"{name}={value!r} is not supported with a DSpark drafter: transformers' generate {why}")
+
+
+# transformers' knobs for how much its assistant drafts per round. A DSpark drafter proposes γ = block_size drafts
+# and its verification policy (`dspark_policy`) chooses how many to verify, so these would be silently ignored.
+# Each message is formatted with the drafter's block size (`gamma`).
+ASSISTANT_KNOBS = {
+    "num_assistant_tokens": "sets how many tokens transformers' assistant drafts per round; a DSpark drafter "
+    "proposes γ = {gamma} and its verification policy chooses how many to verify. For a fixed length pass "
+    "dspark_policy='fixed' (dspark_verify_len=N, 0..{gamma}; default γ), or keep the default 'auto' policy.",
+    "num_assistant_tokens_schedule": "adapts transformers' assistant draft length between rounds; DSpark's "
+    "policies choose the verification length of each row every round instead: drop it and keep the default "
+    "dspark_policy='auto', or pass dspark_policy='fixed' for a constant γ = {gamma}.",
+    "assistant_confidence_threshold": "stops transformers' assistant drafting where its confidence falls below "
+    "it; with DSpark pass dspark_policy='threshold' (prefix survival) or 'slot_threshold' (each slot) with "
+    "dspark_threshold=<value in [0, 1]> instead.",
+}
+
+
+@functools.cache
+def _transformers_defaults() -> dict:
+    """The values transformers' `generate` fills in for settings left unset by the caller and the model."""
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    return dict(defaults()) if callable(defaults) else {}
+
+
+def explicit_assistant_knobs(kwargs: Mapping, passed_config, model_config) -> dict:
+    """The `ASSISTANT_KNOBS` the caller set: as a keyword argument (not None), or on a passed `GenerationConfig`
+    (or the per-call config transformers merged) whose value differs from both transformers' default and the
+    target's own `generation_config` (`model_config`), whose values are not the caller's doing."""
+    found = {}
+    for name in ASSISTANT_KNOBS:
+        if kwargs.get(name) is not None:
+            found[name] = kwargs[name]
+            continue
+        value = getattr(passed_config, name, None) if passed_config is not None else None
+        default = _transformers_defaults().get(name)
+        if value is not None and value != default and value != getattr(model_config, name, None):
+            found[name] = value
+    return found
+
+
+def check_assistant_knobs(explicit: Mapping, block_size: int) -> None:
+    """Refuse the `ASSISTANT_KNOBS` in `explicit` (name -> the value the caller set), naming the DSpark option."""
+    for name, why in ASSISTANT_KNOBS.items():
+        if name in explicit:
+            raise ValueError(
+                f"{name}={explicit[name]!r} is not supported with a DSpark drafter (it would be ignored): it "
+                f"{why.format(gamma=block_size)}"
+            )
 
 
 def check_decoding_method(generation_config) -> None:

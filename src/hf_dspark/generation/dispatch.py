@@ -21,7 +21,14 @@ from types import SimpleNamespace
 import torch
 
 from ..binding import validate_target_shape
-from .call_checks import OTHER_DRAFTING, check_cache_implementation, check_other_drafting, check_prompt_inputs
+from .call_checks import (
+    OTHER_DRAFTING,
+    check_assistant_knobs,
+    check_cache_implementation,
+    check_other_drafting,
+    check_prompt_inputs,
+    explicit_assistant_knobs,
+)
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
@@ -57,15 +64,21 @@ def _requested(model, args, kwargs, name: str):
     return value if value is not None else getattr(model.generation_config, name, None)
 
 
-def _check_call_inputs(model, args, kwargs) -> None:
+def _check_call_inputs(model, drafter, args, kwargs) -> None:
     """Up-front checks of a DSpark `generate` call's prompt and decoding settings, before transformers prepares
-    anything: an empty prompt, an `eos_token_id` that is not token ids, out-of-range sampling settings."""
+    anything: an empty prompt, an `eos_token_id` that is not token ids, out-of-range sampling settings, settings
+    the DSpark drafter would ignore."""
     check_prompt_inputs(kwargs)  # soft prompts: before transformers prepares anything
     check_prompt_ids(args[0] if args else kwargs.get("inputs", kwargs.get("input_ids")))
     check_cache_implementation(_requested(model, args, kwargs, "cache_implementation"))  # before it is built
     check_other_drafting({name: _requested(model, args, kwargs, name) for name in OTHER_DRAFTING})
-    settings = {name: _requested(model, args, kwargs, name)
-                for name in ("eos_token_id", "do_sample", "temperature", "top_k", "top_p")}
+    passed = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
+    knobs = explicit_assistant_knobs(kwargs, passed, model.generation_config)
+    check_assistant_knobs(knobs, drafter.config.block_size)
+    settings = {
+        name: _requested(model, args, kwargs, name)
+        for name in ("eos_token_id", "do_sample", "temperature", "top_k", "top_p")
+    }
     check_decoding_settings(SimpleNamespace(**settings))
 
 
@@ -89,8 +102,10 @@ def _without_observers(model, generation_config):
     refused: transformers merges that config into every call's by copying it.
     """
     if _holds_observers(model.generation_config):
-        raise ValueError("dspark_observers on the model's generation_config would reach the loop as deep copies; "
-                         "pass them per call: generate(..., dspark_observers=[...]).")
+        raise ValueError(
+            "dspark_observers on the model's generation_config would reach the loop as deep copies; "
+            "pass them per call: generate(..., dspark_observers=[...])."
+        )
     observers = _options(generation_config).dspark_observers
     if observers is None:
         return generation_config, None
@@ -126,19 +141,34 @@ def _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_
     for index, (keys, values) in enumerate(prefix):
         cache.update(keys, values, index)
     with torch.no_grad():
-        model(input_ids=sequences[:, cached:-1], attention_mask=mask, position_ids=positions[:, cached:],
-              cache=cache, use_cache=True, logits_to_keep=1)
+        model(
+            input_ids=sequences[:, cached:-1],
+            attention_mask=mask,
+            position_ids=positions[:, cached:],
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
     if not isinstance(output, torch.Tensor):
         output.cache = cache
     return output
 
 
-def _run_dspark(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, drafter,
-                model_kwargs):
+def _run_dspark(
+    model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, drafter, model_kwargs
+):
     """`dspark_decoding`, then the caller's cache object filled as plain `generate` fills it."""
     (cache, prefix), prompt_mask = _callers_cache(model_kwargs), model_kwargs.get("attention_mask")
-    output = dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config,
-                             streamer=streamer, assistant_model=drafter, **model_kwargs)
+    output = dspark_decoding(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        streamer=streamer,
+        assistant_model=drafter,
+        **model_kwargs,
+    )
     return _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_mask)
 
 
@@ -146,34 +176,79 @@ def _dspark_subclass(cls: type) -> type:
     if cls in _SUBCLASSES:
         return _SUBCLASSES[cls]
 
-    def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
-                           synced_gpus=False, streamer=None, inputs_tensor=None, assistant_model=None,
-                           assistant_tokenizer=None, tokenizer=None, **model_kwargs):
+    def _assisted_decoding(
+        self,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus=False,
+        streamer=None,
+        inputs_tensor=None,
+        assistant_model=None,
+        assistant_tokenizer=None,
+        tokenizer=None,
+        **model_kwargs,
+    ):
         if is_draft_model(assistant_model) and not _options(generation_config).dspark_stock_loop:
             check_left_padded(model_kwargs.get("attention_mask"))
-            return _run_dspark(self, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
-                               assistant_model, model_kwargs)
+            return _run_dspark(
+                self,
+                input_ids,
+                logits_processor,
+                stopping_criteria,
+                generation_config,
+                streamer,
+                assistant_model,
+                model_kwargs,
+            )
         return cls._assisted_decoding(
-            self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=synced_gpus,
-            streamer=streamer, inputs_tensor=inputs_tensor, assistant_model=assistant_model,
-            assistant_tokenizer=assistant_tokenizer, tokenizer=tokenizer, **model_kwargs,
+            self,
+            input_ids,
+            logits_processor,
+            stopping_criteria,
+            generation_config,
+            synced_gpus=synced_gpus,
+            streamer=streamer,
+            inputs_tensor=inputs_tensor,
+            assistant_model=assistant_model,
+            assistant_tokenizer=assistant_tokenizer,
+            tokenizer=tokenizer,
+            **model_kwargs,
         )
 
-    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                                 assistant_model=None, **kwargs):
+    def _get_candidate_generator(
+        self,
+        generation_config,
+        input_ids,
+        inputs_tensor,
+        logits_processor,
+        model_kwargs,
+        assistant_model=None,
+        **kwargs,
+    ):
         if is_draft_model(assistant_model):  # only reached with dspark_stock_loop=True
             if input_ids.shape[0] != 1:
                 raise ValueError("dspark_stock_loop=True runs transformers' batch-1 loop: pass one prompt")
-            return DSparkCandidateGenerator.for_stock_loop(assistant_model, logits_processor,
-                                                           bool(generation_config.do_sample))
-        return cls._get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor,
-                                            model_kwargs, assistant_model=assistant_model, **kwargs)
+            return DSparkCandidateGenerator.for_stock_loop(
+                assistant_model, logits_processor, bool(generation_config.do_sample)
+            )
+        return cls._get_candidate_generator(
+            self,
+            generation_config,
+            input_ids,
+            inputs_tensor,
+            logits_processor,
+            model_kwargs,
+            assistant_model=assistant_model,
+            **kwargs,
+        )
 
     def generate(self, *args, assistant_model=None, **kwargs):
         if is_draft_model(assistant_model):
             if _requested_beams(self, kwargs) > 1:  # transformers would silently drop the assistant
                 raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
-            _check_call_inputs(self, args, kwargs)
+            _check_call_inputs(self, assistant_model, args, kwargs)
             check_target(self)  # quantized, offloaded or dropout-active targets
             validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
             attention_layout(self)  # refuses attention layers ragged verification cannot mask, with the reason
@@ -193,12 +268,20 @@ def _dspark_subclass(cls: type) -> type:
         validate_dspark_options(generation_config_options(config))  # also options set on a GenerationConfig
         return config, model_kwargs
 
-    sub = type(cls.__name__, (cls,), {
-        "_assisted_decoding": _assisted_decoding, "generate": generate, "_dspark_base_class": cls,
-        "_prepare_generation_config": _prepare_generation_config,
-        "_get_candidate_generator": _get_candidate_generator,
-        "__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-    })
+    sub = type(
+        cls.__name__,
+        (cls,),
+        {
+            "_assisted_decoding": _assisted_decoding,
+            "generate": generate,
+            "_dspark_base_class": cls,
+            "_prepare_generation_config": _prepare_generation_config,
+            "_get_candidate_generator": _get_candidate_generator,
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+        },
+    )
     _SUBCLASSES[cls] = sub
     return sub
 
@@ -222,19 +305,32 @@ def is_enabled(target) -> bool:
     return getattr(type(target), "_dspark_base_class", None) is not None
 
 
-def dspark_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                    drafter: DraftModel | None = None, dspark_streamer=None, dspark_observers=None, **model_kwargs):
+def dspark_generate(
+    model,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus=False,
+    drafter: DraftModel | None = None,
+    dspark_streamer=None,
+    dspark_observers=None,
+    **model_kwargs,
+):
     """`custom_generate` entry point: `model.generate(**inputs, custom_generate=dspark_generate, drafter=d)`.
 
     Round observers travel as an argument (`dspark_observers=[...]`): transformers has deep-copied the generation
     config by now, so observers set on it would be copies, and are refused.
     """
     if drafter is None:
-        raise ValueError("dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, "
-                         "drafter=drafter)")
+        raise ValueError(
+            "dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, drafter=drafter)"
+        )
     if _holds_observers(generation_config):
-        raise ValueError("with custom_generate=dspark_generate, transformers deep-copies the generation config, so "
-                         "its dspark_observers would be copies: pass generate(..., dspark_observers=[...]) instead.")
+        raise ValueError(
+            "with custom_generate=dspark_generate, transformers deep-copies the generation config, so "
+            "its dspark_observers would be copies: pass generate(..., dspark_observers=[...]) instead."
+        )
     if dspark_observers is not None:
         validate_dspark_options({"dspark_observers": dspark_observers})
         generation_config.dspark_observers = list(dspark_observers)  # transformers' per-call copy
@@ -242,7 +338,17 @@ def dspark_generate(model, input_ids, logits_processor, stopping_criteria, gener
     check_prompt_inputs(model_kwargs)
     check_prompt_ids(input_ids)
     check_other_drafting({name: getattr(generation_config, name, None) for name in OTHER_DRAFTING})
+    knobs = explicit_assistant_knobs({}, generation_config, model.generation_config)  # kwargs are merged in by now
+    check_assistant_knobs(knobs, drafter.config.block_size)
     check_decoding_settings(generation_config)
     check_left_padded(model_kwargs.get("attention_mask"))
-    return _run_dspark(model, input_ids, logits_processor, stopping_criteria, generation_config, dspark_streamer,
-                       drafter, model_kwargs)
+    return _run_dspark(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        dspark_streamer,
+        drafter,
+        model_kwargs,
+    )

@@ -157,10 +157,15 @@ class RowState:
         return kept
 
     def sequences(self) -> torch.Tensor:
-        """`[B, prompt + longest generation]`, finished rows padded with the pad token, as plain generate does."""
+        """`[B, prompt + longest generation]`, finished rows padded with the pad token, as plain generate does.
+
+        The dtype is plain generate's too: it appends int64 token ids to the prompt, so a prompt of a narrower
+        integer dtype (int32 `input_ids`) comes back promoted to int64.
+        """
         self.flush_uploads()
         width = max(h.shape[0] for h in self.histories)
-        out = self.histories[0].new_full((len(self.histories), width), self.pad_token_id)
+        dtype = torch.promote_types(self.histories[0].dtype, torch.long)
+        out = self.histories[0].new_full((len(self.histories), width), self.pad_token_id, dtype=dtype)
         for r, history in enumerate(self.histories):
             out[r, : history.shape[0]] = history
         return out

@@ -244,8 +244,13 @@ class HybridDrafter:
         states = [HybridRowState(m, list(self.prior)) for m in matches]
         return HybridCache(self.drafter.init_cache(batch_size, capacity), states, self.drafter)
 
-    def extend_context(self, cache: HybridCache, target_hidden: torch.Tensor | None, valid: torch.Tensor,
-                       counts: Sequence[int] | None = None) -> None:
+    def extend_context(
+        self,
+        cache: HybridCache,
+        target_hidden: torch.Tensor | None,
+        valid: torch.Tensor,
+        counts: Sequence[int] | None = None,
+    ) -> None:
         """Queue the update for the DSpark drafter (it reaches it before its next proposal, or once full).
 
         counts: each row's committed tokens as host ints (the loop gives them): a row's pending DSpark proposal is
@@ -302,7 +307,7 @@ class HybridDrafter:
     def row_draft_costs(self, cache: HybridCache, histories: list[torch.Tensor]) -> torch.Tensor:
         """`[R]` each row's share of the DSpark drafter's per-row cost this round: 1 for DSpark rows, 0 for
         lookup rows (the choice is made here, from the committed context and lagged scores, and kept for
-        `propose`)."""
+        `propose`). "auto" also keeps its acceptance estimate per (request, share), so per source."""
         _, planned = self._plan(cache, histories)
         return torch.tensor([1.0 if source == DSPARK else 0.0 for _, source, _ in planned], dtype=torch.float64)
 

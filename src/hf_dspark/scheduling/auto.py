@@ -1,6 +1,16 @@
-"""`"auto"`: cost-aware drafting (plans from earlier rounds, `scheduling.cost_policy`), then the sunk-cost stop."""
+"""`"auto"`: cost-aware drafting (plans from earlier rounds, `scheduling.cost_policy`), then the sunk-cost stop.
+
+The lagged acceptance is kept per request, or per (request, source) where the drafter prices its rows
+(`DraftModel.row_draft_costs`): rows priced at different shares draft from different sources (a hybrid's lookup
+rows at 0, its DSpark rows at 1), whose acceptance differs, so a request that switches source is planned with the
+acceptance of the source it uses this round. The share is chosen from the committed context and lagged scores
+before anything is drafted, so the key is too: the plan stays a function of the past (lossless).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
 
 import torch
 
@@ -36,9 +46,15 @@ class AutoPolicy(BasePolicy):
             tracker, settings.step_curve, settings.draft_curve, measured_costs=settings.measured_costs
         )
         self._plan = DraftPlan()
+        self._keys: tuple[list[Any], list[Hashable]] | None = None  # (rows, acceptance keys) of the last plan
+        self._sources: dict[Any, set[Hashable]] = {}  # request -> the acceptance keys it was tracked under
 
     def plan(self, rows, cap, draft_costs=None):
-        self._plan = self.planner.plan(rows, cap, draft_costs)
+        keys = acceptance_keys(rows, draft_costs)
+        self._keys = (list(rows), keys)
+        for row, key in zip(rows, keys):
+            self._sources.setdefault(row, set()).add(key)
+        self._plan = self.planner.plan(keys, cap, draft_costs)
         return self._plan
 
     def lengths(self, survival, rows, device):
@@ -54,10 +70,22 @@ class AutoPolicy(BasePolicy):
         return torch.full((rows,), length, dtype=torch.long, device=device)
 
     def observe(self, rows, verify_len, accepted):
-        self.planner.tracker.observe(rows, verify_len, accepted)
+        """Record the round under the keys its plan used (each row's source this round)."""
+        planned = self._keys is not None and self._keys[0] == list(rows)
+        self.planner.tracker.observe(self._keys[1] if planned else list(rows), verify_len, accepted)
 
     def observe_round(self, record):
         self.planner.observe_round(record)
 
     def forget(self, rows):
-        self.planner.tracker.forget(rows)
+        keys = [key for row in rows for key in self._sources.pop(row, {row})]
+        self.planner.tracker.forget(keys)
+
+
+def acceptance_keys(rows: list[Any], draft_costs: torch.Tensor | None) -> list[Hashable]:
+    """The keys `rows`' acceptance is tracked under this round: each request id, or with `draft_costs` `[R]` (each
+    row's share of the drafter's per-row cost, one value per source) (request, share), one estimate per source."""
+    if draft_costs is None:
+        return list(rows)
+    shares = draft_costs.detach().cpu().to(torch.float64).tolist()
+    return [(row, share) for row, share in zip(rows, shares)]
