@@ -67,7 +67,7 @@ def test_a_result_without_provenance_is_refused(tmp_path, monkeypatch):
     tables = _tables()
     folder = tmp_path / "benchmarks" / "results" / "x86_64--AVX2"
     folder.mkdir(parents=True)
-    good = json.loads((ROOT / "benchmarks/results/x86_64--AVX2/speed.json").read_text())
+    good = json.loads((ROOT / "benchmarks/results/x86_64--AVX512--bf16/speed.json").read_text())
     (folder / "speed.json").write_text(json.dumps({k: v for k, v in good.items() if k != "provenance"}))
     monkeypatch.setattr(tables, "ROOT", tmp_path)
     monkeypatch.setattr(tables, "RESULTS", tmp_path / "benchmarks" / "results")
@@ -91,7 +91,7 @@ def test_the_hybrid_rows_appear_beside_transformers_prompt_lookup(tmp_path, monk
     tables = _tables()
     folder = tmp_path / "benchmarks" / "results" / "x86_64--AVX2"
     folder.mkdir(parents=True)
-    report = json.loads((ROOT / "benchmarks/results/x86_64--AVX2/speed.json").read_text())
+    report = json.loads((ROOT / "benchmarks/results/x86_64--AVX512--bf16/speed.json").read_text())
     for cells in report["results"].values():
         cells["hybrid"] = {**cells["dspark"], "median_ratio_to_plain": 1.25, "mean_accepted_length": 2.5}
         cells["hybrid_auto"] = {**cells["dspark"], "median_ratio_to_plain": 1.5, "mean_accepted_length": 3.0}
@@ -100,7 +100,9 @@ def test_the_hybrid_rows_appear_beside_transformers_prompt_lookup(tmp_path, monk
     monkeypatch.setattr(tables, "RESULTS", tmp_path / "benchmarks" / "results")
     lines = tables.speed_table()
     labels = [line.split(" | ")[1] for line in lines if line.startswith("| `")]
-    assert labels.index("hybrid (DSpark or prompt lookup per row), `auto`") < labels.index("prompt lookup")
+    assert labels.index("hybrid (DSpark or prompt lookup per row), `auto` (default)") < labels.index(
+        "transformers' prompt lookup"
+    )
     hybrid = next(line for line in lines if "| hybrid, ℓ = γ |" in line)
     assert hybrid.count("×1.25 (τ 2.50)") == len(report["results"])
 
