@@ -82,28 +82,10 @@ OTHER_DRAFTERS = {
 def test_options_that_pick_another_drafter_are_refused_before_any_work(pair, monkeypatch, name, where):
     """transformers would draft with something else than the given assistant_model (or verify against a mixture)
     for these; a DSpark drafter would silently ignore them."""
-    from hf_dspark import dspark_generate
 
     target, drafter = pair
     value, message = OTHER_DRAFTERS[name]
-    monkeypatch.setattr(loop, "policy_from_options", lambda *a, **k: pytest.fail("work started before the refusal"))
-    handle = target.register_forward_pre_hook(lambda *_: pytest.fail("a forward ran before the refusal"))
-    ids, mask = ragged_prompts(1, seed=6)
-    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
-    if where == "generation_config":
-        kwargs["generation_config"] = GenerationConfig(**{name: value}, max_new_tokens=4, do_sample=False)
-    else:
-        kwargs[name] = value
-    entry = (
-        dict(custom_generate=dspark_generate, drafter=drafter)
-        if where == "custom_generate"
-        else dict(assistant_model=drafter)
-    )
-    try:
-        with pytest.raises(ValueError, match=message):
-            target.generate(ids, **kwargs, **entry)
-    finally:
-        handle.remove()
+    _assert_refused_before_any_work(target, drafter, monkeypatch, name, value, message, where)
 
 
 ASSISTANT_KNOBS = {
@@ -118,28 +100,10 @@ ASSISTANT_KNOBS = {
 def test_assisted_decoding_knobs_are_refused_before_any_work(pair, monkeypatch, name, where):
     """transformers' knobs for its assistant's draft length would be silently ignored by a DSpark drafter: the
     refusal names the option and the DSpark policy that does the same (γ = 4 for this drafter)."""
-    from hf_dspark import dspark_generate
 
     target, drafter = pair
     value, message = ASSISTANT_KNOBS[name]
-    monkeypatch.setattr(loop, "policy_from_options", lambda *a, **k: pytest.fail("work started before the refusal"))
-    handle = target.register_forward_pre_hook(lambda *_: pytest.fail("a forward ran before the refusal"))
-    ids, mask = ragged_prompts(1, seed=6)
-    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
-    if where == "generation_config":
-        kwargs["generation_config"] = GenerationConfig(**{name: value}, max_new_tokens=4, do_sample=False)
-    else:
-        kwargs[name] = value
-    entry = (
-        dict(custom_generate=dspark_generate, drafter=drafter)
-        if where == "custom_generate"
-        else dict(assistant_model=drafter)
-    )
-    try:
-        with pytest.raises(ValueError, match=message):
-            target.generate(ids, **kwargs, **entry)
-    finally:
-        handle.remove()
+    _assert_refused_before_any_work(target, drafter, monkeypatch, name, value, message, where)
 
 
 @pytest.mark.parametrize("passed", ["nothing", "a copy of the target's config"])
@@ -156,3 +120,28 @@ def test_assisted_decoding_knobs_on_the_targets_own_config_are_not_refused(passe
         ids, *args, attention_mask=mask, max_new_tokens=6, do_sample=False, assistant_model=drafter
     )
     assert torch.equal(reference, output)
+
+
+def _assert_refused_before_any_work(target, drafter, monkeypatch, name, value, message, where):
+    """`name=value` passed `where` (a kwarg, in a GenerationConfig, or through custom_generate) is refused with
+    `message` before any policy is built or any forward runs."""
+    from hf_dspark import dspark_generate
+
+    monkeypatch.setattr(loop, "policy_from_options", lambda *a, **k: pytest.fail("work started before the refusal"))
+    handle = target.register_forward_pre_hook(lambda *_: pytest.fail("a forward ran before the refusal"))
+    ids, mask = ragged_prompts(1, seed=6)
+    kwargs = dict(attention_mask=mask, max_new_tokens=4, do_sample=False)
+    if where == "generation_config":
+        kwargs["generation_config"] = GenerationConfig(**{name: value}, max_new_tokens=4, do_sample=False)
+    else:
+        kwargs[name] = value
+    entry = (
+        dict(custom_generate=dspark_generate, drafter=drafter)
+        if where == "custom_generate"
+        else dict(assistant_model=drafter)
+    )
+    try:
+        with pytest.raises(ValueError, match=message):
+            target.generate(ids, **kwargs, **entry)
+    finally:
+        handle.remove()
