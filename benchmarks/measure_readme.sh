@@ -26,7 +26,7 @@ for what in $ONLY; do
         --threads "$THREADS" --dtype float32 --scheduler none --out "$OUT/speed.json" ;;
     serve)
       hf-dspark bench serve --dtype float32 --threads "$THREADS" --concurrency 1 2 4 8 16 32 --requests 8 \
-        --max-new-tokens 32 --policies none fixed auto --prompts-per-set 3 --out "$OUT/serve.json" ;;
+        --max-new-tokens 32 --policies none fixed auto --prompts-per-set 3 --hybrid --out "$OUT/serve.json" ;;
     eval)
       for temperature in 0 1; do
         hf-dspark eval --drafters "dspark=$DRAFTERS/smollm2-135m-instruct-dspark" \

@@ -167,6 +167,16 @@ def speed_table() -> list[str]:
     return [*_markdown(["processor", "method", *header_sets], rows), "", *_sources(used)]
 
 
+def _serve_drafter(report: dict) -> str:
+    """The drafter a serve report ran with, as the table names it (older reports name the shipped drafter)."""
+    label = str(report.get("drafter", ""))
+    if label.startswith("the hybrid"):
+        return "hybrid"
+    if label.startswith("oracle"):
+        return "oracle drafter"
+    return "DSpark drafter alone"
+
+
 def serve_table() -> list[str]:
     """`hf-dspark bench serve`: aggregate tokens/s per policy and concurrency C, with the ratio to plain."""
     rows, used, header_levels = [], [], None
@@ -192,7 +202,8 @@ def serve_table() -> list[str]:
                     else f"{row['aggregate_tokens_per_second']:.1f}"
                     + (f" (×{ratio:.2f})" if ratio is not None else "")
                 )
-            rows.append([_kind(path), "plain batched decoding" if policy == "none" else f"`{policy}`", *cells])
+            label = "plain batched decoding" if policy == "none" else f"{_serve_drafter(report)}, `{policy}`"
+            rows.append([_kind(path), label, *cells])
         used.append((path, report))
     if not rows:
         return []

@@ -121,3 +121,15 @@ def test_model_cards_show_the_tau_of_the_eval_results_they_name(variant, monkeyp
         f"the {variant} card's τ table disagrees with {sources}; run python scripts/ship_default_drafters.py tau "
         f"--variant {variant} --eval {' '.join(sources)}"
     )
+
+
+@pytest.mark.parametrize(
+    ("label", "named"),
+    [
+        ("the hybrid of the shipped drafter and prompt lookup", "hybrid"),
+        ("oracle drafter (γ=7)", "oracle drafter"),
+        ("shipped (float32)", "DSpark drafter alone"),
+    ],
+)
+def test_serve_rows_name_the_drafter_they_served_with(label, named):
+    assert _tables()._serve_drafter({"drafter": label}) == named

@@ -7,7 +7,7 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
   `"greedy"` (Algorithm 1), `"lagged"` (lagged-capacity top-K) or
   `"threshold"` (static confidence threshold), or `"greedy_padded"` / `"lagged_padded"`, the same two rules under
   the padded batch's real cost R·(1 + max ℓ_r) (one uniform ℓ for all rows; see `hf_dspark.scheduling.padded`),
-  or one added with `register_policy` (docs/scheduling.md, "Adding a policy").
+  or one added with `register_policy` (docs/adding-a-policy.md).
   The load-aware policies need a drafter with a confidence head.
 - `dspark_verify_len`: ℓ for `"fixed"` (default γ).
 - `dspark_threshold`: survival threshold for `"threshold"` (default 0.5).

@@ -1,7 +1,7 @@
 """The one registry of verification-length policies: `register_policy`, `get_policy`, `available_policies`.
 
 `generate` (`dspark_policy`), `DSparkEngine`, the CLI and the benchmarks all look policies up here. Adding a
-policy is one class (a `BasePolicy` subclass, docs/scheduling.md "Adding a policy") and one `register_policy` line.
+policy is one class (a `BasePolicy` subclass, docs/adding-a-policy.md) and one `register_policy` line.
 """
 
 from __future__ import annotations
