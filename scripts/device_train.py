@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = {
         "command": shlex.join(["python", "scripts/device_train.py", *(argv if argv is not None else sys.argv[1:])]),
-        "environment": environment(args),
+        "provenance": environment(args),
         "settings": {k: v for k, v in vars(args).items() if k != "arms"},
         "data": args.arms,
         "init": {"path": args.init},
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         "tau": {},
         "errors": [],
     }
-    log(f"device {results['environment']['device_name']}, arms {list(args.arms)}, work folder {work}")
+    log(f"device {results['provenance']['device_name']}, arms {list(args.arms)}, work folder {work}")
     procs: dict[str, subprocess.Popen] = {}
     try:
         prepare(args, work, results)

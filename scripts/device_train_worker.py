@@ -185,6 +185,7 @@ def training_setup(spec: dict):
         max_steps=10**6,
         save_strategy="no",
         disable_tqdm=True,
+        logging_steps=1,  # every step's loss: the loss curve exists however few steps the budget allows
         report_to="none",
         dataloader_num_workers=2 if cuda else 0,
         num_threads=None if cuda else 1,

@@ -44,6 +44,8 @@ EARLIER_STAGES = [
     "cosine, data order seed 2",
     "v5: warm start from the fp32 v4 checkpoint, 1,200 steps × 2 sequences, the same recipe at peak lr 5e-4 "
     "cosine, data order seed 3",
+    "v6: warm start from v5, 300 steps × 2 sequences, the same recipe in fp32 (no bf16 autocast), peak lr 2e-4 "
+    "cosine, data order seed 4",
 ]
 TITLES = {
     "dspark": "DSpark drafter for SmolLM2-135M-Instruct (the hf-dspark default)",
@@ -189,6 +191,46 @@ def budget_text(checkpoint: Path, cpu_hours: float | None, stage: str) -> tuple[
     return text + ".", args
 
 
+def device_train_stage(
+    variant: str, results_path: Path, arm: str, stage: str, cpu_hours: float | None
+) -> tuple[str, str]:
+    """The training history and the reproduction commands of a stage trained by `scripts/device_train.py`.
+
+    `results_path`: its results.json; `arm`: the data arm shipped (its folder is what `export --checkpoint` read).
+    """
+    results = json.loads(results_path.read_text())
+    record = results["arms"].get(arm)
+    if record is None or not record.get("weights"):
+        raise SystemExit(f"{results_path} has no trained arm {arm!r} (arms: {sorted(results['arms'])})")
+    steps, batch, lr = record["planned_steps"], record["batch"], record["learning_rate"]
+    device = results["provenance"]["device_name"]
+    earlier = [text for text in EARLIER_STAGES if int(text.split(":")[0][1:]) < int(stage[1:])]
+    previous = earlier[-1].split(":")[0] if earlier else "scratch"
+    loss = record.get("loss", {})
+    compute = f"{cpu_hours:.1f} CPU-hours in all stages" if cpu_hours else "compute not recorded"
+    text = (
+        ". ".join(earlier) + (". " if earlier else "") + f"{stage} (this stage): {previous} converted to per-head q/k "
+        "RMSNorms (what vLLM's and speculators' draft layers run; each norm weight fitted by least squares to "
+        f"{previous}'s query and key projections), then {steps} steps × {batch} sequences on the {arm} replies "
+        f"({', '.join(results['data'][arm])}), the same recipe at peak lr {lr:g} cosine, fp32 on {device}, in a "
+        f"{results['settings']['minutes']:g}-minute budget; {compute}. Training loss: {loss.get('first')} at the "
+        f"start, {loss.get('mean_last_tenth')} over the last tenth of the steps."
+    )
+    folder = f"src/hf_dspark/resources/drafters/smollm2-135m-instruct-{variant}"
+    reproduce = f"""```bash
+# the last stage: q/k-norm conversion and fine-tuning per data arm, then τ of each (results.json)
+{results["command"]}
+python scripts/ship_default_drafters.py export --variant {variant} --force \\
+  --checkpoint {results["settings"]["out"]}/{arm}
+hf-dspark calibrate --drafter {folder} --prompts data/calibration/heldout_train_prompts.jsonl \\
+  --mode both --limit 48 --max-new-tokens 96 --batch-size 8 --threads 1
+# accepted length (γ = 7, no scheduler), first 40 prompts per set, T = 0 and T = 1, into
+# benchmarks/results/<processor kind>/eval_t0.json and eval_t1.json (each file records its exact command)
+ONLY=eval THREADS=1 benchmarks/measure_readme.sh
+```"""
+    return text + ".", reproduce
+
+
 def stage_name(value: str) -> str:
     """argparse type of --stage: 'v' and a positive number."""
     if not (value.startswith("v") and value[1:].isdigit() and int(value[1:]) > 0):
@@ -209,8 +251,14 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_card(args: argparse.Namespace) -> None:
     folder = default_drafter_dir(args.variant)
     drafter = DSparkDrafter.from_pretrained(folder)
-    budget, train_args = budget_text(Path(args.checkpoint), args.cpu_hours, args.stage)
     limit = json.loads(Path(args.eval[0]).read_text())["config"]["limit"]
+    if args.device_train:
+        budget, reproduce = device_train_stage(
+            args.variant, Path(args.device_train), args.arm, args.stage, args.cpu_hours
+        )
+    else:
+        budget, train_args = budget_text(Path(args.checkpoint), args.cpu_hours, args.stage)
+        reproduce = reproduce_block(args.variant, train_args, limit, args.init)
     notes = eval_note(args.eval) + "\n\n" + calibration_notes(folder)
     usage = f"""```python
 import hf_dspark
@@ -231,7 +279,7 @@ output = target.generate(**inputs, assistant_model=drafter, max_new_tokens=128)
         budget=budget,
         tau_table=tau_rows(args.variant, args.eval),
         notes=notes,
-        reproduce=reproduce_block(args.variant, train_args, limit, args.init),
+        reproduce=reproduce,
         usage=usage,
     )
     print(f"wrote {folder / 'README.md'}")
@@ -252,10 +300,22 @@ def main() -> None:
         if name == "tau":
             p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
             continue
-        p.add_argument("--checkpoint", required=True, help="training checkpoint folder (fp32, with trainer_state)")
         if name == "export":
+            p.add_argument(
+                "--checkpoint",
+                required=True,
+                help="drafter folder to ship (a training checkpoint, or an arm folder of scripts/device_train.py)",
+            )
             p.add_argument("--force", action="store_true", help="replace the shipped drafter")
         else:
+            source = p.add_mutually_exclusive_group(required=True)
+            source.add_argument(
+                "--checkpoint", help="the stage's training checkpoint folder (fp32, with trainer_state)"
+            )
+            source.add_argument(
+                "--device-train", default=None, help="results.json of a scripts/device_train.py stage (with --arm)"
+            )
+            p.add_argument("--arm", default=None, help="the data arm of --device-train that was shipped")
             p.add_argument("--eval", nargs="+", required=True, help="hf-dspark eval JSON reports")
             p.add_argument("--cpu-hours", type=float, default=None, help="training compute in all stages")
             p.add_argument(
@@ -270,6 +330,8 @@ def main() -> None:
                 help="what the stage warm-started from, as passed to --init_drafter (default: the shipped folder)",
             )
     args = parser.parse_args()
+    if args.command == "card" and bool(args.device_train) != bool(args.arm):
+        parser.error("--device-train and --arm go together")
     {"export": cmd_export, "card": cmd_card, "tau": cmd_tau}[args.command](args)
 
 

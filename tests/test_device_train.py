@@ -78,7 +78,7 @@ def tiny_setup(tmp_path):
 def _check_results(out: Path, arms: list[str], sets: list[str], temperatures: list[str]) -> dict:
     results = json.loads((out / "results.json").read_text())
     assert results["complete"], results["errors"]
-    assert results["out_problems"] == [] and results["environment"]["device"] == "cpu"
+    assert results["out_problems"] == [] and results["provenance"]["device"] == "cpu"
     assert set(results["tau"]) == {"init", "init_qk", *arms}
     for name, tau in results["tau"].items():
         assert set(tau) == set(temperatures), name
