@@ -18,6 +18,10 @@ A draft vocabulary is `lm_head.weight [V_draft, d]` (and `markov_w2 [V_draft, r]
 the argmax is taken over draft ids and mapped to target id = draft id + d2t[draft id] before it is proposed and
 fed back (W1 `[V, r]` is indexed by target ids). speculators also ships `t2d [V]`, the membership mask, which must
 mark exactly the mapped ids.
+
+The shipped `embed_tokens` / `lm_head` are used where present, the target's otherwise. TensorRT-LLM (and vLLM
+optionally) take the target's even when copies are shipped; the exports ship copies of the target's rows, so both
+readings compute the same.
 """
 
 from __future__ import annotations
