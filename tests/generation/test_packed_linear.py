@@ -201,6 +201,51 @@ def test_changed_weights_after_a_first_call_are_repacked(how):
     assert not packs.stale() and linear_packs_for(target, True) is packs  # repacked in place, once
 
 
+def test_one_entry_changed_in_place_where_no_entry_is_watched_is_repacked(monkeypatch):
+    """An in-place change of one weight entry (through a view of the Parameter) that no watched entry covers moves
+    the Parameter's version counter: the next call repacks and matches plain generate. The watched entries alone
+    would have missed it."""
+    target = make_target("llama", seed=11)
+    ids, mask = ragged_prompts(3, seed=23)
+    drafter = make_drafter(target)
+    options = dict(attention_mask=mask, do_sample=False, max_new_tokens=24)
+    before = target.generate(ids, **options)
+    target.generate(ids, assistant_model=drafter, dspark_packed_weights=True, **options)  # packs the weights
+    packs = linear_packs_for(target, True)
+    weight = target.model.layers[1].mlp.down_proj.weight
+    watched = set(packs.packed[id(weight)].probe.tolist())
+    flat = next(i for i in range(weight.numel()) if i not in watched)
+    with torch.no_grad():
+        weight.view(-1)[flat] += 3.0
+    assert packs.stale()
+    with monkeypatch.context() as patch:  # the version / storage check off: the watched entries do not see it
+        patch.setattr(packed_linear.PackedWeight, "moved", lambda entry: False)
+        assert not packs.stale()
+    reference = target.generate(ids, **options)
+    assert not torch.equal(reference, before)  # the entry matters to the output
+    output = target.generate(ids, assistant_model=drafter, dspark_packed_weights=True, **options)
+    assert torch.equal(output, reference)
+    assert not packs.stale()
+
+
+@pytest.mark.parametrize("how", ["data", "numpy"])
+def test_writes_pytorch_does_not_track_are_caught_by_the_watched_entries(how):
+    """Writes through `param.data` or a NumPy alias move no version counter (the case the watched entries are
+    kept for); one that changes a watched entry makes the packs stale."""
+    model = _mlp()
+    packs = PackedLinears.build(model)
+    weight = model[2].weight
+    entry = packs.packed[id(weight)]
+    index = int(entry.probe[len(entry.probe) // 2])
+    if how == "data":
+        weight.data.view(-1)[index] += 1.0
+    else:
+        weight.detach().numpy().reshape(-1)[index] += 1.0
+    assert weight._version == entry.version and weight.data_ptr() == entry.data_ptr and not entry.moved()
+    assert packs.stale()
+    assert packs.refresh(model) and not packs.stale()
+
+
 def test_an_unchanged_model_is_not_repacked():
     model = _mlp()
     packs = linear_packs_for(model, True)

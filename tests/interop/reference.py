@@ -4,7 +4,9 @@ plain re-implementation of one block's forward for one row (no hf_dspark modules
 The reference follows the public z-lab DFlash / DeepSpec model code: context = RMSNorm(fc(cat(taps))); per layer,
 queries from the normed block, keys/values = [k_proj(context) ‖ k_proj(normed block)] with per-head q/k RMSNorm and
 RoPE at absolute positions, attention over everything (no mask), then the MLP; final RMSNorm and the target's LM
-head give U. DSpark's Markov head adds B = W2 · W1[x_prev] and is sampled left to right.
+head give U. DSpark's sequential head adds B_k (vanilla Markov: W2 · W1[x_prev]; RNN: a gated recurrent state, Eq. 6)
+and is sampled left to right. reference_exports.py reads engine exports (any config format, draft vocabularies) into
+this forward.
 """
 
 from __future__ import annotations
@@ -103,8 +105,13 @@ def deepspec_folder(folder: Path, target, *, taps=(0, 2), block_size=4, layers=2
 
 
 # ----------------------------------------------------------------------------------------------- reference forward
-def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope_theta(cfg: dict) -> float:
+    """RoPE base of a layer config: `rope_theta`, else `rope_parameters.rope_theta`, else 10000."""
+    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
 
 
 def _rope(x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
@@ -122,19 +129,24 @@ def reference_block(w: dict[str, torch.Tensor], cfg: dict, context: torch.Tensor
     """Normed drafter outputs `[S, d]` for one row: `context` `[C, n·d]` tapped features at positions 0..C-1,
     `block` `[S]` token ids at positions C..C+S-1."""
     heads, kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
-    ctx = _rms(context @ w["fc.weight"].T, w["hidden_norm.weight"])
+    eps, theta = float(cfg.get("rms_norm_eps", EPS)), rope_theta(cfg)
+
+    def rms(x, weight):
+        return _rms(x, weight, eps)
+
+    ctx = rms(context @ w["fc.weight"].T, w["hidden_norm.weight"])
     h = embed[block]
     n_ctx, n_blk = ctx.shape[0], h.shape[0]
     ctx_pos, blk_pos = torch.arange(n_ctx), torch.arange(n_ctx, n_ctx + n_blk)
     for i in range(cfg["num_hidden_layers"]):
         p = f"layers.{i}."
-        x = _rms(h, w[p + "input_layernorm.weight"])
+        x = rms(h, w[p + "input_layernorm.weight"])
         q = (x @ w[p + "self_attn.q_proj.weight"].T).view(n_blk, heads, hd)
-        q = _rope(_rms(q, w[p + "self_attn.q_norm.weight"]), blk_pos)
+        q = _rope(rms(q, w[p + "self_attn.q_norm.weight"]), blk_pos, theta)
 
         def keys(src, pos, p=p):
             k = (src @ w[p + "self_attn.k_proj.weight"].T).view(src.shape[0], kv, hd)
-            return _rope(_rms(k, w[p + "self_attn.k_norm.weight"]), pos)
+            return _rope(rms(k, w[p + "self_attn.k_norm.weight"]), pos, theta)
 
         k = torch.cat([keys(ctx, ctx_pos), keys(x, blk_pos)])
         v = torch.cat([ctx, x]) @ w[p + "self_attn.v_proj.weight"].T
@@ -143,30 +155,61 @@ def reference_block(w: dict[str, torch.Tensor], cfg: dict, context: torch.Tensor
         scores = torch.einsum("qhd,khd->hqk", q, k) / hd**0.5
         att = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n_blk, heads * hd)
         h = h + att @ w[p + "self_attn.o_proj.weight"].T
-        y = _rms(h, w[p + "post_attention_layernorm.weight"])
+        y = rms(h, w[p + "post_attention_layernorm.weight"])
         gated = F.silu(y @ w[p + "mlp.gate_proj.weight"].T) * (y @ w[p + "mlp.up_proj.weight"].T)
         h = h + gated @ w[p + "mlp.down_proj.weight"].T
-    return _rms(h, w["norm.weight"])
+    return rms(h, w["norm.weight"])
 
 
-def reference_greedy_drafts(w, cfg, context, anchor, mask_token_id, gamma, first_slot, embed, lm_head):
-    """Greedy drafts, their probabilities `[γ, V]` and confidences `[γ]` (None without head) for one row."""
+def sequential_bias(w: dict[str, torch.Tensor], head: str | None, state: torch.Tensor | None, prev: int,
+                    hidden: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """One position of the sequential head: (new state, B_k `[V_draft]` or None, W1[x_{k-1}] or None).
+
+    vanilla, Eq. (5): B_k = W2 · W1[x_{k-1}]. rnn, Eq. (6): z = [s_{k-1}; W1[x_{k-1}]; h_k] goes through the packed
+    projection (gate, candidate, output rows, each r long); s_k = σ(g) ⊙ s_{k-1} + (1 − σ(g)) ⊙ tanh(c) and
+    B_k = W2 · tanh(o), with s_0 = 0. W1 is indexed by the previous token's target id."""
+    if head is None or "markov_head.markov_w1.weight" not in w:
+        return state, None, None
+    w1, w2 = w["markov_head.markov_w1.weight"], w["markov_head.markov_w2.weight"]
+    embedded = w1[prev]
+    if head == "vanilla":
+        return state, w2 @ embedded, embedded
+    if head != "rnn":
+        raise ValueError(f"no reference for the {head!r} head")
+    rank = w1.shape[1]
+    state = torch.zeros(rank) if state is None else state
+    z = torch.cat([state, embedded, hidden])
+    packed = w["markov_head.joint_proj.weight"] @ z + w["markov_head.joint_proj.bias"]
+    gate, candidate, output = packed[:rank].sigmoid(), packed[rank : 2 * rank], packed[2 * rank :]
+    state = gate * state + (1.0 - gate) * candidate.tanh()
+    return state, w2 @ output.tanh(), embedded
+
+
+def reference_greedy_drafts(w, cfg, context, anchor, mask_token_id, gamma, first_slot, embed, lm_head, *,
+                            head="vanilla", conf_with_markov=True, to_target=None):
+    """Greedy drafts (target ids) `[γ]`, their probabilities `[γ, V]` and confidence logits `[γ]` (None without a
+    confidence head) for one row.
+
+    `lm_head` `[V_draft, d]` (and W2 `[V_draft, r]`) score draft ids; `to_target` `[V_draft]` maps a draft id to its
+    target id (None: the full vocabulary, draft id = target id). Probabilities are 0 outside the draft vocabulary.
+    The confidence logit is wᵀ[h_k; W1[x_{k-1}]] + b (Eq. 7; `conf_with_markov=False` drops the W1 term)."""
     block = torch.tensor([anchor] + [mask_token_id] * (gamma + first_slot - 1))
     hidden = reference_block(w, cfg, context, block, embed)[first_slot : first_slot + gamma]
     base = hidden @ lm_head.T
-    drafts, probs, conf, prev = [], [], [], anchor
+    to_target = torch.arange(lm_head.shape[0]) if to_target is None else to_target
+    drafts, probs, conf, prev, state = [], [], [], anchor, None
     for k in range(gamma):
-        logits = base[k]
-        prev_emb = w["markov_head.markov_w1.weight"][prev] if "markov_head.markov_w1.weight" in w else None
-        if prev_emb is not None:
-            logits = logits + w["markov_head.markov_w2.weight"] @ prev_emb
+        state, bias, embedded = sequential_bias(w, head, state, prev, hidden[k])
+        logits = base[k] if bias is None else base[k] + bias
         if "confidence_head.proj.weight" in w:
-            feats = torch.cat([hidden[k], prev_emb])
-            conf.append((feats @ w["confidence_head.proj.weight"][0] + w["confidence_head.proj.bias"][0]).item())
-        probs.append(logits.softmax(-1))
-        prev = int(logits.argmax())
+            feats = torch.cat([hidden[k], embedded]) if conf_with_markov else hidden[k]
+            conf.append(feats @ w["confidence_head.proj.weight"][0] + w["confidence_head.proj.bias"][0])
+        full = torch.zeros(embed.shape[0])
+        full[to_target] = logits.softmax(-1)
+        probs.append(full)
+        prev = int(to_target[logits.argmax()])
         drafts.append(prev)
-    return torch.tensor(drafts), torch.stack(probs), (torch.tensor(conf) if conf else None)
+    return torch.tensor(drafts), torch.stack(probs), (torch.stack(conf) if conf else None)
 
 
 def read_weights(folder: Path) -> dict[str, torch.Tensor]:

@@ -33,7 +33,8 @@ AUTO_MEMORY_SHARE = 0.5
 # Command-line spellings of `dspark_packed_weights` (`--packed-weights`): None decides as `generate` does.
 PACKED_WEIGHTS_CHOICES: dict[str, bool | None] = {"auto": None, "on": True, "off": False}
 _PACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Entries of each packed weight watched for changes that move no counter (at least one per output row).
+# Entries of each packed weight watched for the writes PyTorch does not track (at least one per output row; every
+# entry of a weight with at most this many). Tracked writes are caught exactly by the version counter (PackedWeight).
 PROBE_SAMPLES = 1024
 
 
@@ -118,11 +119,18 @@ def _probe_indices(weight: torch.Tensor, samples: int = PROBE_SAMPLES) -> torch.
 class PackedWeight:
     """One weight's packed copy and what identifies the values it was packed from.
 
+    PyTorch bumps a tensor's version counter on every in-place op on it, on any view of it or on `detach()` of it
+    (an indexed write to one entry, `copy_`, `load_state_dict`, `nn.init`, optimizer steps), so `version` and
+    `data_ptr` catch all of those exactly, whichever entries they touch, without reading a value. Writes PyTorch
+    does not track move no counter: through `param.data` (a fresh version counter per access; e.g. adapter merges,
+    `weight.data += delta`), through NumPy / DLPack aliases or raw storage. Only those rely on `probe`: a write that
+    changes a watched entry (whole-weight writes always do) is caught, a sparse one elsewhere is not.
+
     Args:
         weight: the `nn.Parameter` packed (its identity: a layer given a new Parameter is no longer covered).
         data_ptr: where its values lived when packed (`param.data = ...` and `.to(...)` move them).
-        version: its version counter when packed (in-place changes through the Parameter move it).
-        probe: flat indices of the entries watched for changes made through `param.data`, which move neither.
+        version: its version counter when packed (every tracked in-place change moves it).
+        probe: flat indices of the entries watched for untracked writes (see above).
         sample: the values at `probe` when packed.
         packed: oneDNN's blocked copy (`onednn_pack`).
     """
@@ -207,9 +215,10 @@ class PackedLinears:
     def stale(self) -> bool:
         """Whether a packed weight changed since packing: a layer holds another Parameter (assigned, or
         `load_state_dict(..., assign=True)`), a weight's storage moved (`param.data = ...`, `.to(...)`), it was
-        changed in place (its version moved), or a watched entry differs (in-place changes through `param.data`,
-        such as an adapter merge `weight.data += delta`, which move no counter). The watched entries (at least one
-        per output row) are compared in one tensor comparison, so this is cheap enough to run once per call."""
+        changed in place (its version moved: exact, any entry), or a watched entry differs (writes PyTorch does not
+        track, through `param.data` such as an adapter merge `weight.data += delta`, or a NumPy alias; see
+        `PackedWeight`). The watched entries (at least one per output row) are compared in one tensor comparison,
+        so this is cheap enough to run once per call."""
         entries = list(self.packed.values())
         if any(id(module.weight) not in self.packed for module in self.modules) or any(e.moved() for e in entries):
             return True  # an entry holds its weight, so a matching id is the same Parameter

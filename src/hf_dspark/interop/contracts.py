@@ -185,7 +185,8 @@ def _draft_vocab(config: DSparkConfig, contract: EngineContract):
     return (f"the drafter drafts over a {config.draft_vocab_size}-token draft vocabulary, and {contract.title} "
             f"has no draft vocabulary (its Markov W2 and LM head are [V, r] / [V, d] over all {config.vocab_size} "
             "tokens, and it has no d2t mapping).",
-            f"export with --engine {' or --engine '.join(takers)}, or retrain with the full vocabulary (--draft_vocab_size 0).")
+            f"export with --engine {' or --engine '.join(takers)}, or retrain with the full vocabulary "
+            "(--draft_vocab_size 0).")
 
 
 def _confidence(config: DSparkConfig, contract: EngineContract):
