@@ -261,7 +261,7 @@ class DSparkConfig(PreTrainedConfig):
         if last in self.target_layer_ids:
             raise ValueError(
                 f"target_layer_ids taps the target's last layer ({last}); its output is the next-token "
-                f"representation the drafter must not copy. Use layers up to {max(0, last - 2)} "
+                f"representation the drafter must not copy. Use layers up to {last - 1} "
                 f"(default: {default_target_layer_ids(self.num_target_layers)})."
             )
 

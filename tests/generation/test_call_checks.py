@@ -93,6 +93,51 @@ def test_dynamic_ntk_rope_past_the_threshold_is_refused_before_any_work(no_work)
         )
 
 
+def test_hunyuan_alpha_ntk_rope_is_fixed_and_served_past_the_threshold():
+    """HunYuan checkpoints label a fixed-`alpha` NTK scaling "dynamic", but the model runs it as "ntk_alpha",
+    whose frequencies never change with length: DSpark serves it past max_position_embeddings like plain decoding."""
+    import transformers
+
+    config = transformers.HunYuanDenseV1Config(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=96,
+        max_position_embeddings=24,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0},
+    )
+    torch.manual_seed(4)
+    target = transformers.HunYuanDenseV1ForCausalLM(config).eval()
+    assert rope_threshold(target.config) == ("dynamic", 24)  # the config alone would refuse it
+    assert call_checks.runtime_rope_types(target) == {"ntk_alpha"}
+    ids, mask = ragged_prompts(2, seed=3, min_len=8, max_len=8)
+    options = dict(attention_mask=mask, do_sample=False, max_new_tokens=30)  # 8 + 30 > 24
+    assert torch.equal(
+        target.generate(ids, assistant_model=make_drafter(target), **options), target.generate(ids, **options)
+    )
+
+
+def test_a_dynamic_rope_with_an_alpha_the_family_ignores_is_still_refused(no_work):
+    target = make_target(
+        "llama",
+        seed=4,
+        max_position_embeddings=48,
+        rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 4.0, "rope_theta": 10000.0},
+    )
+    assert call_checks.runtime_rope_types(target) == {"dynamic"}
+    ids, mask = ragged_prompts(2, seed=3, min_len=8, max_len=8)
+    with pytest.raises(ValueError, match=r"'dynamic' RoPE scaling.*passes 48"):
+        target.generate(
+            ids, attention_mask=mask, do_sample=False, max_new_tokens=60, assistant_model=make_drafter(target)
+        )
+
+
 def _longrope_target():
     half = 4  # head_dim 16: 8 frequencies
     config = Phi3Config(

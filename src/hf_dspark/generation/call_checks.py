@@ -238,11 +238,24 @@ def rope_threshold(config) -> tuple[str, int] | None:
     return None
 
 
+def runtime_rope_types(model) -> set[str]:
+    """The `rope_type` each rotary-embedding module of `model` runs, which a family may derive differently from its
+    config: HunYuan runs a "dynamic" scaling with a fixed `alpha` as the length-independent "ntk_alpha"."""
+    return {
+        module.rope_type
+        for module in model.modules()
+        if type(module).__name__.endswith("RotaryEmbedding") and isinstance(getattr(module, "rope_type", None), str)
+    }
+
+
 def rope_reach_refusal(model, reach: int, why: str, fix: str) -> str | None:
     """Why forwards reaching `reach` positions cannot match plain decoding on `model` (a length-dependent RoPE
     whose threshold `reach` passes), or None. `why` says how the call reaches that far; `fix` what to do."""
     found = rope_threshold(model.config.get_text_config(decoder=True))
     if found is None or reach <= found[1]:
+        return None
+    running = runtime_rope_types(model)
+    if running and running.isdisjoint(LENGTH_DEPENDENT_ROPE):
         return None
     rope_type, threshold = found
     return (
