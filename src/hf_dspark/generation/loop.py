@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.utils import logging
 
+from .attention import packed_gqa_config
 from .options import DSparkGenerationOptions
 from .output_cache import dict_output
 from .packed_linear import linear_packs_for
@@ -118,8 +119,9 @@ class DSparkLoop:
 
     def run(self):
         self.prefill()
-        while self.batch.rows:
-            self.step()
+        with packed_gqa_config(self.model):  # the config switched once for every verification forward
+            while self.batch.rows:
+                self.step()
         self.stats.compactions = self.batch.target_cache.compactions
         self.stats.max_cache_width = self.batch.target_cache.max_width
         remember_stats(self.drafter, self.stats)
