@@ -378,10 +378,13 @@ class DSparkEngine:
         histories = [r.history for r in requests]
         events: list[tuple[int, list[int]]] = []
 
-        def commit(a: int, tokens: list[int], scores: torch.Tensor, logits: torch.Tensor) -> int:
-            kept = self._commit(batch.rows[a], tokens)
-            events.append((batch.rows[a], kept))
-            return len(kept)
+        def commit(tokens: list[list[int]], scores: torch.Tensor, logits: torch.Tensor) -> list[int]:
+            counts = []
+            for rid, row_tokens in zip(batch.rows, tokens):
+                kept = self._commit(rid, row_tokens)
+                events.append((rid, kept))
+                counts.append(len(kept))
+            return counts
 
         record: RoundRecord = self.kernel.step(batch, histories, [n - 1 for n in left], commit)
         self.records.append(

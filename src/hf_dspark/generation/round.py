@@ -1,7 +1,7 @@
 """The DSpark round, written once for `generate` (`loop.DSparkLoop`) and the serving engine (`engine.DSparkEngine`).
 
 One round for the running rows: plan (which rows draft; the "auto" policy may choose none) → propose → choose
-ℓ_r → one ragged target forward → verify → commit (the caller's per-row callback: stopping criteria, EOS,
+ℓ_r → one ragged target forward → verify → commit (the caller's callback for all rows: stopping criteria, EOS,
 budgets, streaming) → extend the drafter's context with the committed tokens' tapped target features. Rounds
 that do not draft only queue their features (`RoundBatch.pending`); the queue reaches the drafter in one
 `extend_context` call before its next proposal (or once `max_pending` slots wait), so a run of plain-decoding
@@ -33,8 +33,9 @@ from .processors import RowProcessors
 from .target_cache import RaggedTargetCache
 from .transfer import bits_float, download, float_bits, upload
 
-# (active index a, tokens to commit, processed scores [n, V], raw logits [n, V]) -> how many were kept
-CommitFn = Callable[[int, list[int], torch.Tensor, torch.Tensor], int]
+# (tokens to commit per active row, processed scores [A, T, V], raw logits [A, T, V]: row a's tokens were chosen at
+# its first len(tokens[a]) positions) -> how many each row kept
+CommitFn = Callable[[list[list[int]], torch.Tensor, torch.Tensor], list[int]]
 
 
 @dataclass
@@ -144,6 +145,21 @@ def _host_scatter(values: Sequence[int], index: Sequence[int] | None, rows: int)
     return out
 
 
+class _Picked(Sequence):
+    """`[items[i] for i in index]`, each item read only when asked for (histories may be built on access)."""
+
+    def __init__(self, items: Sequence, index: Sequence[int]) -> None:
+        self.items, self.index = items, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.items[self.index[i]]
+
+
 def _host_ints(values: Sequence[int] | torch.Tensor) -> list[int]:
     """Budgets as host ints (a device tensor is read once: pass host ints)."""
     return [int(v) for v in (values.tolist() if isinstance(values, torch.Tensor) else values)]
@@ -211,9 +227,9 @@ class RoundKernel:
         result = self._verify(drafts, draft_probs, scores, verify_len, steps)
         accepted = result.num_accepted
         accepted_host, next_host, drafts_host, tau = self._download(accepted, result.next_token, drafts, tau)
-        for a, (m, next_token, row_drafts) in enumerate(zip(accepted_host, next_host, drafts_host)):
-            record.committed.append(commit(a, [*row_drafts[:m], next_token], scores[a, : m + 1],
-                                           out.logits[a, : m + 1]))
+        tokens = [[*row_drafts[:m], next_token] for m, next_token, row_drafts in
+                  zip(accepted_host, next_host, drafts_host)]
+        record.committed = list(commit(tokens, scores, out.logits))
         kept_slots = 1 + accepted
         batch.target_cache.commit_last(steps, kept_slots, [1 + m for m in accepted_host])
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
@@ -260,7 +276,7 @@ class RoundKernel:
         host_index = plan.rows.tolist() if plan.rows is not None and plan.rows.numel() < rows else None
         index = None if host_index is None else upload(host_index, device)
         sub_rows = batch.rows if index is None else [batch.rows[i] for i in host_index]
-        sub_hist = list(histories) if index is None else [histories[i] for i in host_index]
+        sub_hist = histories if index is None else _Picked(histories, host_index)
         cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(
             torch.tensor(host_index, dtype=torch.long))
         anchor = batch.anchor if index is None else batch.anchor.index_select(0, index)
