@@ -216,24 +216,12 @@ class RoundKernel:
         drafted = time.perf_counter()
         record.policy_seconds += planned - start
         steps = 1 + max(host_len, default=0)
-        drafts = drafts[:, : steps - 1]
-        device = batch.anchor.device
-        verify_len = upload(host_len, device)
-        inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
-        input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
-        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs,
-                                         host_input_counts=[1 + n for n in host_len])
-        scores = self.processors.apply_positions(batch.rows, histories, drafts, out.logits, verify_len + 1)
-        result = self._verify(drafts, draft_probs, scores, verify_len, steps)
-        accepted = result.num_accepted
-        accepted_host, next_host, drafts_host, tau = self._download(accepted, result.next_token, drafts, tau)
-        tokens = [[*row_drafts[:m], next_token] for m, next_token, row_drafts in
-                  zip(accepted_host, next_host, drafts_host)]
-        record.committed = list(commit(tokens, scores, out.logits))
-        kept_slots = 1 + accepted
-        batch.target_cache.commit_last(steps, kept_slots, [1 + m for m in accepted_host])
+        if steps == 1 and tau is None:  # nothing to verify: a plain decoding step
+            out, accepted_host, next_token, valid = self._plain_round(batch, histories, commit, record)
+        else:
+            out, accepted_host, next_token, valid, tau = self._verify_round(batch, histories, commit, record, drafts,
+                                                                            draft_probs, host_len, tau)
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
-            valid = torch.arange(steps, device=inputs.device)[None, :] < kept_slots[:, None]
             batch.pending.append((out.features, valid, [1 + m for m in accepted_host]))
             if record.drafted or batch.pending_slots() >= self.max_pending:
                 batch.flush(self.drafter, self.takes_counts)
@@ -241,7 +229,7 @@ class RoundKernel:
                                 torch.tensor(accepted_host, dtype=torch.long))
             if record.drafted:
                 record.schedule = self.policy.schedule(tau)
-        batch.anchor = result.next_token
+        batch.anchor = next_token
         record.verify_len, record.accepted = host_len, accepted_host
         finished = time.perf_counter()
         record.verify_seconds = finished - drafted
@@ -251,6 +239,51 @@ class RoundKernel:
         for observer in self.observers:
             observer.on_round(record)
         return record
+
+    def _plain_round(self, batch: RoundBatch, histories, commit: CommitFn, record: RoundRecord):
+        """A round without drafts: the anchors alone through the target, the next tokens picked from the processed
+        scores as plain decoding picks them (what verifying zero drafts gives), one download, every slot kept.
+        Returns (the forward's output, accepted drafts `[0] * A`, next tokens `[A]`, kept slots `[A, 1]`)."""
+        rows, inputs = len(batch.rows), batch.anchor[:, None]
+        valid = torch.ones(rows, 1, dtype=torch.bool, device=inputs.device)
+        out = batch.target_cache.forward(self.target, inputs, valid, self.taps, packs=self.packs,
+                                         host_input_counts=[1] * rows)
+        scores = out.logits
+        if not self.processors.is_empty:
+            counts = torch.ones(rows, dtype=torch.long, device=inputs.device)
+            scores = self.processors.apply_positions(batch.rows, histories, inputs[:, :0], scores, counts)
+        last = scores[:, 0]
+        if self.do_sample:  # `verify_sampling` without drafts: a draw from the target's distribution
+            next_token = torch.multinomial(torch.softmax(last, dim=-1), 1).squeeze(1)
+        else:
+            next_token = last.argmax(dim=-1)
+        record.committed = list(commit([[token] for token in download(next_token)], scores, out.logits))
+        batch.target_cache.commit_every(1)
+        return out, [0] * rows, next_token, valid
+
+    def _verify_round(self, batch: RoundBatch, histories, commit: CommitFn, record: RoundRecord, drafts, draft_probs,
+                      host_len: list[int], tau):
+        """A round that verifies drafts: one ragged target forward, verification, one download, commit. Returns
+        (the forward's output, accepted drafts per row, next tokens `[A]`, kept slots `[A, T]`, τ̂ read back)."""
+        steps = 1 + max(host_len, default=0)
+        drafts = drafts[:, : steps - 1]
+        device = batch.anchor.device
+        verify_len = upload(host_len, device)
+        inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
+        input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
+        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs,
+                                         host_input_counts=[1 + n for n in host_len])
+        scores = out.logits
+        if not self.processors.is_empty:
+            scores = self.processors.apply_positions(batch.rows, histories, drafts, scores, verify_len + 1)
+        result = self._verify(drafts, draft_probs, scores, verify_len, steps)
+        accepted_host, next_host, drafts_host, tau = self._download(result.num_accepted, result.next_token, drafts,
+                                                                    tau)
+        tokens = [[*row_drafts[:m], next_token] for m, next_token, row_drafts in
+                  zip(accepted_host, next_host, drafts_host)]
+        record.committed = list(commit(tokens, scores, out.logits))
+        valid = batch.target_cache.commit_last(steps, 1 + result.num_accepted, [1 + m for m in accepted_host])
+        return out, accepted_host, result.next_token, valid, tau
 
     @staticmethod
     def _download(accepted, next_token, drafts, tau):

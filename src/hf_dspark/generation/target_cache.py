@@ -216,9 +216,10 @@ class RaggedTargetCache:
             return False
         return all(n == self.width for n in self.host_counts) and all(int(n) == steps for n in host_input_counts)
 
-    def commit_last(self, steps: int, kept: torch.Tensor, host_kept: Sequence[int] | None = None) -> None:
+    def commit_last(self, steps: int, kept: torch.Tensor, host_kept: Sequence[int] | None = None) -> torch.Tensor:
         """The last forward appended `steps` slots; row a keeps the first kept[a] of them (`[A]` on the device;
-        `host_kept`, the same as host ints, keeps the host mirror of the valid counts, None drops it)."""
+        `host_kept`, the same as host ints, keeps the host mirror of the valid counts, None drops it). Returns the
+        kept slots `[A, steps]` (bool)."""
         new = torch.arange(steps, device=kept.device)[None, :] < kept[:, None]
         self.valid[:, -steps:] = new
         self.next_position = self.next_position + kept
@@ -226,6 +227,16 @@ class RaggedTargetCache:
             self.host_counts = None
         else:
             self.host_counts = [have + int(n) for have, n in zip(self.host_counts, host_kept)]
+        self.maybe_compact()
+        return new
+
+    def commit_every(self, steps: int) -> None:
+        """The last forward appended `steps` slots and every row keeps them all (`commit_last` without a device
+        tensor of counts: a plain decoding step)."""
+        self.valid[:, -steps:] = True
+        self.next_position = self.next_position + steps
+        if self.host_counts is not None:
+            self.host_counts = [have + steps for have in self.host_counts]
         self.maybe_compact()
 
     def longest(self) -> int:
