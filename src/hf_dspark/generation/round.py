@@ -73,7 +73,7 @@ class RoundBatch:
     """The running rows' state between rounds: ids, anchors `[A]`, the ragged target cache and the draft cache.
 
     pending: context updates not yet given to the drafter, in order: (features `[A, n, ·]` or None, valid `[A, n]`,
-    each row's valid count as host ints).
+    each row's valid count as host ints); `queue` appends one and counts its slots.
     """
 
     rows: list[Any]
@@ -81,6 +81,7 @@ class RoundBatch:
     target_cache: RaggedTargetCache
     draft_cache: Any | None = None
     pending: list[tuple[torch.Tensor | None, torch.Tensor, list[int]]] = field(default_factory=list)
+    _queued_slots: int = field(default=0, repr=False)
 
     def keep(self, keep: Sequence[int]) -> None:
         """Keep the active positions `keep` (finished rows leave): one upload of the host index."""
@@ -108,8 +109,14 @@ class RoundBatch:
         self.pending = [(None if f is None else torch.cat([f, f.new_zeros(added, *f.shape[1:])]),
                          torch.cat([v, v.new_zeros(added, v.shape[1])]), c + [0] * added) for f, v, c in self.pending]
 
+    def queue(self, features: torch.Tensor | None, valid: torch.Tensor, counts: list[int]) -> None:
+        """Queue one round's context update for the drafter (`flush` gives it the queue)."""
+        self.pending.append((features, valid, counts))
+        self._queued_slots += int(valid.shape[1])
+
     def pending_slots(self) -> int:
-        return sum(int(v.shape[1]) for _, v, _ in self.pending)
+        """Slots of the queued context updates."""
+        return self._queued_slots if self.pending else 0
 
     def flush(self, drafter, takes_counts: bool | None = None) -> None:
         """Give the queued context updates to `drafter` in one `extend_context` call (padding is skipped), with
@@ -123,7 +130,7 @@ class RoundBatch:
         counts = [sum(row) for row in zip(*(c for _, _, c in self.pending))]
         valid = torch.cat([v for _, v, _ in self.pending], dim=1)
         extend_drafter_context(drafter, self.draft_cache, merged, valid, counts, takes_counts)
-        self.pending = []
+        self.pending, self._queued_slots = [], 0
 
 
 def _scatter(values: torch.Tensor, index: torch.Tensor | None, rows: int, fill: float | int = 0) -> torch.Tensor:
@@ -222,7 +229,7 @@ class RoundKernel:
             out, accepted_host, next_token, valid, tau = self._verify_round(batch, histories, commit, record, drafts,
                                                                             draft_probs, host_len, tau)
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
-            batch.pending.append((out.features, valid, [1 + m for m in accepted_host]))
+            batch.queue(out.features, valid, [1 + m for m in accepted_host])
             if record.drafted or batch.pending_slots() >= self.max_pending:
                 batch.flush(self.drafter, self.takes_counts)
             self.policy.observe(batch.rows, torch.tensor(host_len, dtype=torch.long),
