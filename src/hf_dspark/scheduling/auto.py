@@ -52,8 +52,9 @@ class AutoPolicy(BasePolicy):
     def plan(self, rows, cap, draft_costs=None):
         keys = acceptance_keys(rows, draft_costs)
         self._keys = (list(rows), keys)
-        for row, key in zip(rows, keys):
-            self._sources.setdefault(row, set()).add(key)
+        if draft_costs is not None or self._sources:  # keys other than the rows themselves (`forget` reads them)
+            for row, key in zip(rows, keys):
+                self._sources.setdefault(row, set()).add(key)
         self._plan = self.planner.plan(keys, cap, draft_costs)
         return self._plan
 

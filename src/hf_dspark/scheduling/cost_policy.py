@@ -28,17 +28,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from .acceptance import AcceptanceMemory, AcceptanceTracker
-from .padded import draft_or_decode, padded_verify_seconds
+from .acceptance import AcceptanceMemory, AcceptanceTracker, host_array
+from .padded import host_draft_or_decode, padded_verify_seconds
 from .records import DraftPlan
 
 if TYPE_CHECKING:
     from ..generation.round import RoundRecord
 
 
-def _priced_rows(chosen: torch.Tensor, shares: torch.Tensor | None) -> int | None:
+def _priced_rows(chosen: np.ndarray, shares: np.ndarray | None) -> int | None:
     """⌈Σ shares⌉ over the chosen rows (`draft_or_decode`'s priced count), None without shares."""
     return None if shares is None else math.ceil(float(shares[chosen].sum()) - 1e-9)
 
@@ -75,7 +76,7 @@ class CostAwarePlanner:
     measured_costs: bool = True
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _last: tuple[Any, tuple[torch.Tensor, int]] | None = field(default=None, repr=False)
+    _last: tuple[Any, tuple[np.ndarray, int]] | None = field(default=None, repr=False)
     _priced: int | None = field(default=None, repr=False)
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
@@ -95,13 +96,20 @@ class CostAwarePlanner:
     def corrected_costs(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T_verify(rows·(1 + L)) `[γ + 1]`, T_draft(k) `[rows + 1]`) scaled by the measured corrections: column
         L = 0 (plain decoding) by f_plain, drafting rounds (L ≥ 1 and the drafter) by f_drafting."""
+        verify, draft = self._host_costs(rows)
+        return torch.from_numpy(verify), torch.from_numpy(draft)
+
+    def _host_costs(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """`corrected_costs` as float64 host arrays (the uncorrected ones are the cached tables themselves)."""
+        verify = host_array(self.verify_seconds(rows), np.float64)
+        draft = host_array(self.draft_seconds(rows), np.float64)
         if not self.measured_costs:
-            return self.verify_seconds(rows), self.draft_seconds(rows)
+            return verify, draft
         costs = self.tracker.memory.costs
-        verify = self.verify_seconds(rows).clone()
+        verify = verify.copy()
         verify[0] *= costs.plain
         verify[1:] *= costs.drafting
-        return verify, self.draft_seconds(rows) * costs.drafting
+        return verify, draft * costs.drafting
 
     def observe_round(self, record: RoundRecord) -> None:
         """Feed one finished round's wall time (drafter + verification) to the cost correction."""
@@ -109,10 +117,10 @@ class CostAwarePlanner:
         if rows == 0 or not self.measured_costs:
             return
         longest = max(record.verify_len, default=0)
-        predicted = float(self.verify_seconds(rows)[min(longest, self.tracker.block_size)])
+        predicted = float(self.verify_seconds(rows).numpy()[min(longest, self.tracker.block_size)])
         if record.drafted:
             priced = record.drafted if self._priced is None else self._priced
-            predicted += float(self.draft_seconds(rows)[priced])
+            predicted += float(self.draft_seconds(rows).numpy()[priced])
         measured = record.verify_seconds + record.draft_seconds
         costs = self.tracker.memory.costs
         costs.observe(bool(record.drafted), measured, predicted)
@@ -124,7 +132,7 @@ class CostAwarePlanner:
         *measured* cost. The curves price the proposal, not the drafter's update over the context queued while it
         was skipped (up to 64 slots of committed tokens), which a probe pays too; so a planned interval can be
         too short, never lengthened here beyond `max_interval`. (The cold first drafting round is not used.)"""
-        plain = float(self.corrected_costs(rows)[0][0])
+        plain = float(self._host_costs(rows)[0][0])
         wanted = math.ceil((measured - plain) / max(self.probe_budget * plain, 1e-12))
         memory = self.tracker.memory
         memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
@@ -136,10 +144,9 @@ class CostAwarePlanner:
         device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
         1 each; see `draft_or_decode`)."""
         count, gamma = len(rows), self.tracker.block_size
-        cap = cap.detach().cpu() if isinstance(cap, torch.Tensor) else torch.tensor(list(cap), dtype=torch.long)
-        cap = cap.clamp(0, gamma)
-        shares = None if draft_costs is None else draft_costs.detach().cpu().to(torch.float64).clamp(0.0, 1.0)
-        costs = self.corrected_costs(count)
+        cap = np.clip(host_array(cap, np.int64), 0, gamma)
+        shares = None if draft_costs is None else np.clip(host_array(draft_costs, np.float64), 0.0, 1.0)
+        costs = self._host_costs(count)
         chosen, length = self._decide(rows, cap, costs, shares)
         self._priced = None
         memory = self.tracker.memory
@@ -149,18 +156,19 @@ class CostAwarePlanner:
             memory.probe_verdict_due = False
         if length > 0:
             memory.rounds_since_probe = 0
-            drafting = chosen.nonzero().flatten()
+            drafting = np.flatnonzero(chosen)
             forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
             self._priced = _priced_rows(chosen, shares)
             return DraftPlan(
-                rows=drafting, length=length, batch_rows=count, forecast=forecast, priced_rows=self._priced
+                rows=torch.from_numpy(drafting), length=length, batch_rows=count, forecast=forecast,
+                priced_rows=self._priced,
             )
         memory.rounds_since_probe += 1
         due = not memory.observed or memory.rounds_since_probe >= self.probe_wait(memory)
         if not due or not bool((cap > 0).any()):
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
-        hopeful = torch.full((count, gamma), self.optimistic, dtype=torch.float64).cumprod(dim=-1)
-        chosen, length = draft_or_decode(self._expected(hopeful, cap), *costs, shares)
+        hopeful = np.cumprod(np.full((count, gamma), self.optimistic), axis=-1)
+        chosen, length = host_draft_or_decode(self._expected(hopeful, cap), *costs, shares)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         memory.rounds_since_probe, memory.probe_verdict_due = 0, True
@@ -168,7 +176,8 @@ class CostAwarePlanner:
         priced = int(chosen.sum()) if self._priced is None else self._priced
         memory.probe_interval = self._interval(costs, priced, length)
         return DraftPlan(
-            rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count, priced_rows=self._priced
+            rows=torch.from_numpy(np.flatnonzero(chosen)), length=length, probe=True, batch_rows=count,
+            priced_rows=self._priced,
         )
 
     def probe_wait(self, memory: AcceptanceMemory) -> int:
@@ -177,26 +186,27 @@ class CostAwarePlanner:
         base = max(memory.probe_interval, self.min_interval, 1)
         return int(min(base * 2 ** min(memory.futile_probes, 30), max(self.max_interval, self.min_interval)))
 
-    def _decide(self, rows: list[Any], cap: torch.Tensor, costs, shares=None) -> tuple[torch.Tensor, int]:
+    def _decide(self, rows: list[Any], cap: np.ndarray, costs, shares=None) -> tuple[np.ndarray, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
         run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
         until their own evidence has faded)."""
         memory = self.tracker.memory
-        key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, memory.trials.sum().item(), memory.costs.key())
-        key += (None if shares is None else tuple(shares.tolist()),)
+        trials = float(host_array(memory.trials, np.float64).sum())
+        key = (tuple(rows), cap.tobytes(), self.tracker.version, trials, memory.costs.key())
+        key += (None if shares is None else shares.tobytes(),)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        decision = draft_or_decode(self._expected(self.tracker.survival(rows), cap), *costs, shares)
+        decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
         self._last = (key, decision)
         return decision
 
     @staticmethod
-    def _expected(survival: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
-        """E_r(L) = 1 + Σ_{j≤min(L, cap_r)} â_{r,j}, `[R, γ + 1]`."""
-        gamma = survival.shape[1]
-        allowed = torch.arange(1, gamma + 1)[None, :] <= cap[:, None]
-        gains = (survival * allowed).cumsum(dim=-1)
-        return torch.cat([torch.ones(survival.shape[0], 1, dtype=gains.dtype), 1.0 + gains], dim=1)
+    def _expected(survival: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        """E_r(L) = 1 + Σ_{j≤min(L, cap_r)} â_{r,j}, `[R, γ + 1]` (host arrays)."""
+        rows, gamma = survival.shape
+        allowed = np.arange(1, gamma + 1)[None, :] <= cap[:, None]
+        gains = np.cumsum(survival * allowed, axis=-1)
+        return np.concatenate([np.ones((rows, 1)), 1.0 + gains], axis=1)
 
     def _interval(self, costs: tuple[torch.Tensor, torch.Tensor], drafting: int, length: int) -> int:
         """Rounds until the next probe so that probes cost ≤ probe_budget of the time (corrected `costs`)."""
