@@ -46,9 +46,9 @@ class RoundRecord:
     drafts verification accepted; committed: tokens actually kept (EOS / budgets may cut); drafted: rows that ran
     the drafter (0: a plain-decoding round); probe: the round refreshed the "auto" policy's estimates;
     schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (logit(c_k) for drafters
-    that give only calibrated c_k; NaN for rows that did not draft) or None; *_seconds: wall time of the
-    policy's decisions, the drafter (with its queued context update), and the target forward with verification
-    and commit.
+    that give only calibrated c_k; NaN for rows that did not draft) or None (also when no observer wants them:
+    `RoundObserver`); *_seconds: wall time of the policy's decisions, the drafter (with its queued context
+    update), and the target forward with verification and commit.
     """
 
     rows: list[Any]
@@ -65,6 +65,10 @@ class RoundRecord:
 
 
 class RoundObserver(Protocol):
+    """Receives every round's `RoundRecord`. Optional: `wants_confidence_logits` (default True); when no observer
+    wants them, records carry no `confidence_logits` (the rounds then skip converting the drafter's
+    confidences)."""
+
     def on_round(self, record: RoundRecord) -> None: ...
 
 
@@ -125,10 +129,13 @@ class RoundBatch:
             return
         if takes_counts is None:
             takes_counts = takes_host_counts(drafter)
-        features = [f for f, _, _ in self.pending]
-        merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
-        counts = [sum(row) for row in zip(*(c for _, _, c in self.pending))]
-        valid = torch.cat([v for _, v, _ in self.pending], dim=1)
+        if len(self.pending) == 1:
+            merged, valid, counts = self.pending[0]
+        else:
+            features = [f for f, _, _ in self.pending]
+            merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
+            counts = [sum(row) for row in zip(*(c for _, _, c in self.pending))]
+            valid = torch.cat([v for _, v, _ in self.pending], dim=1)
         extend_drafter_context(drafter, self.draft_cache, merged, valid, counts, takes_counts)
         self.pending, self._queued_slots = [], 0
 
@@ -196,6 +203,7 @@ class RoundKernel:
         self.max_pending = max_pending
         self.taps = feature_layers(drafter) if drafter is not None else []
         self.takes_counts = drafter is not None and takes_host_counts(drafter)
+        self.wants_confidence = any(getattr(o, "wants_confidence_logits", True) for o in self.observers)
 
     def start(self, rows: list[Any], anchor: torch.Tensor, target_cache: RaggedTargetCache,
               features: torch.Tensor | None, valid: torch.Tensor) -> RoundBatch:
@@ -232,8 +240,7 @@ class RoundKernel:
             batch.queue(out.features, valid, [1 + m for m in accepted_host])
             if record.drafted or batch.pending_slots() >= self.max_pending:
                 batch.flush(self.drafter, self.takes_counts)
-            self.policy.observe(batch.rows, torch.tensor(host_len, dtype=torch.long),
-                                torch.tensor(accepted_host, dtype=torch.long))
+            self.policy.observe(batch.rows, host_len, accepted_host)
             if record.drafted:
                 record.schedule = self.policy.schedule(tau)
         batch.anchor = next_token
@@ -275,15 +282,20 @@ class RoundKernel:
         steps = 1 + max(host_len, default=0)
         drafts = drafts[:, : steps - 1]
         device = batch.anchor.device
-        verify_len = upload(host_len, device)
+        uniform = min(host_len, default=0) == steps - 1  # every row verifies all its drafts: no per-row budget to mask
+        unmasked = uniform and not self.do_sample  # greedy verification then needs no ℓ tensor
+        verify_len = None if unmasked and self.processors.is_empty else upload(host_len, device)
         inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
-        input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
+        if uniform:
+            input_valid = torch.ones(inputs.shape, dtype=torch.bool, device=device)
+        else:
+            input_valid = torch.arange(steps, device=device)[None, :] <= verify_len[:, None]
         out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs,
                                          host_input_counts=[1 + n for n in host_len])
         scores = out.logits
         if not self.processors.is_empty:
             scores = self.processors.apply_positions(batch.rows, histories, drafts, scores, verify_len + 1)
-        result = self._verify(drafts, draft_probs, scores, verify_len, steps)
+        result = self._verify(drafts, draft_probs, scores, None if unmasked else verify_len, steps)
         accepted_host, next_host, drafts_host, tau = self._download(result.num_accepted, result.next_token, drafts,
                                                                     tau)
         tokens = [[*row_drafts[:m], next_token] for m, next_token, row_drafts in
@@ -326,13 +338,13 @@ class RoundKernel:
         )
         chosen_at = time.perf_counter()
         sub_cap = cap if index is None else [cap[i] for i in host_index]
-        sub_len = self.policy(proposal, sub_cap).tolist()
-        tau = self.policy.expected_tokens_tensor(upload(sub_len, proposal.draft_ids.device))
+        sub_len = self.policy.choose(proposal, sub_cap)
+        tau = self.policy.expected_tokens_tensor(sub_len)
         record.policy_seconds = time.perf_counter() - chosen_at
         record.draft_seconds = chosen_at - proposed_at
         record.drafted = len(sub_rows)
-        logits = proposal.confidence_logits
-        if logits is None and proposal.confidence is not None:  # drafters that only give calibrated c_k
+        logits = proposal.confidence_logits if self.wants_confidence else None
+        if logits is None and proposal.confidence is not None and self.wants_confidence:  # calibrated c_k only
             logits = torch.logit(proposal.confidence.float().clamp(1e-6, 1 - 1e-6))
         if logits is not None:
             record.confidence_logits = _scatter(logits, index, rows, float("nan"))
