@@ -86,7 +86,6 @@ class DSparkLoop:
         first = _pick(scores, self.do_sample)
         self.rows.commit_rows(list(range(len(valid))), [[token] for token in first.tolist()], scores[:, None],
                               raw[:, None])
-        self.rows.flush_uploads()
         self.streaming.flush()
         self.batch = self.kernel.start(list(range(len(valid))), first, out.target, out.features, valid)
         self._drop_finished()
@@ -103,7 +102,6 @@ class DSparkLoop:
             return self.rows.commit_rows(rows, tokens, scores, logits)
 
         self.kernel.step(self.batch, histories, cap, commit)
-        self.rows.flush_uploads()
         self.streaming.flush()
         self._drop_finished()
 

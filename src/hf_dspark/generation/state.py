@@ -99,7 +99,9 @@ class RowState:
 
     The histories live in one `[B, capacity]` buffer (`tokens`, pad-filled past each row's length, grown by doubling)
     with each row's length as host ints (`lengths`); `history(row)` is a view of the committed part. Tokens committed
-    on the host reach the buffer in one upload and one scatter per round (`flush_uploads`), whatever the batch.
+    on the host reach the buffer in one upload and one scatter (`flush_uploads`) when something reads it (a history,
+    the sequences, the per-token stopping path): once per round when a drafter or processor reads histories, once
+    per call when nothing does.
     """
 
     def __init__(self, input_ids: torch.Tensor, stopping_criteria, generation_config) -> None:
