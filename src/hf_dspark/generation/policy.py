@@ -159,8 +159,10 @@ class VerificationPolicy:
         or host ints, given to the rule as tensors (not built for a rule that learns nothing)."""
         if type(self.rule).observe is BasePolicy.observe:
             return
-        self.rule.observe(rows, torch.as_tensor(verify_len, dtype=torch.long),
-                          torch.as_tensor(accepted, dtype=torch.long))
+        if not getattr(self.rule, "observes_host_ints", False):
+            verify_len = torch.as_tensor(verify_len, dtype=torch.long)
+            accepted = torch.as_tensor(accepted, dtype=torch.long)
+        self.rule.observe(rows, verify_len, accepted)
 
     def observe_round(self, record: RoundRecord) -> None:
         """A finished round's wall times ("auto" corrects its cost curves with them)."""

@@ -118,6 +118,7 @@ class AcceptanceTracker:
     _pool_version: int = field(default=0, repr=False)  # bumped when the pooled counts change
     _pooled: tuple[int, np.ndarray] | None = field(default=None, repr=False)
     _centres: list[float] = field(default_factory=list, repr=False)  # γ prior rates, clipped (informed prior)
+    _evidence: dict[int, float] = field(default_factory=dict, repr=False)  # slot -> its largest trial count
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0 or not 0.0 <= self.idle_decay <= 1.0:
@@ -191,20 +192,22 @@ class AcceptanceTracker:
         """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]`; rows with ℓ = 0 observe
         nothing and forget part of their evidence (`idle_decay`). `verify_len` / `accepted`: `[R]` tensors or host
         ints."""
-        verify_len, accepted = host_array(verify_len, np.int64), host_array(accepted, np.int64)
-        drafted = np.flatnonzero(verify_len > 0)
-        if drafted.size < len(rows):
-            self._relax([row for row, length in zip(rows, verify_len.tolist()) if length == 0])
-        if not drafted.size:
+        lengths = verify_len.tolist() if isinstance(verify_len, torch.Tensor) else list(verify_len)
+        idle = [row for row, length in zip(rows, lengths) if length == 0]
+        self._relax(idle)
+        if len(idle) == len(rows):
             return  # a plain-decoding round observes nothing
+        verify_len, accepted = np.array(lengths, dtype=np.int64), host_array(accepted, np.int64)
+        drafted = np.flatnonzero(verify_len > 0)
         self.version += 1
         self._pool_version += 1
         seen, kept = _observed_positions(verify_len, accepted, self.block_size)
         seen_f, kept_f = seen.astype(np.float64), kept.astype(np.float64)
         slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
         decay = np.where(seen[drafted], self.decay, 1.0)
-        self._counts[slots] = self._counts[slots] * decay[:, None, :] + np.stack([kept_f[drafted], seen_f[drafted]],
-                                                                                 axis=1)
+        counts = self._counts[slots] * decay[:, None, :] + np.stack([kept_f[drafted], seen_f[drafted]], axis=1)
+        self._counts[slots] = counts
+        self._evidence.update(zip(slots.tolist(), counts[:, 1].max(axis=-1).tolist()))
         pool = np.where(seen.any(axis=0), self.pool_decay, 1.0)
         memory = self.memory
         memory.successes = torch.from_numpy(host_array(memory.successes, np.float64) * pool + kept_f.sum(axis=0))
@@ -212,14 +215,18 @@ class AcceptanceTracker:
 
     def _relax(self, idle: list[Any]) -> None:
         """Multiply the counts of observed rows that did not draft by `idle_decay` (their estimates drift back to
-        the pool). Rows never observed have no counts; a change bumps `version` (cached decisions expire)."""
+        the pool). Rows never observed have no counts, and rows whose evidence is already forgotten (every trial
+        count ≤ 1e-3, tracked on the host in `_evidence`) are left alone; a change bumps `version` (cached decisions
+        expire)."""
         if self.idle_decay == 1.0 or not idle:
             return
-        index = self._slot_index(idle, create=False)
-        index = index[self._counts[index, 1].max(axis=-1) > 1e-3]  # evidence already forgotten: nothing to change
-        if not index.size:
+        evidence, slots = self._evidence, self._slots
+        live = [slots[row] for row in idle if evidence.get(slots.get(row, 0), 0.0) > 1e-3]
+        if not live:
             return
-        self._counts[index] *= self.idle_decay
+        self._counts[np.array(live, dtype=np.int64)] *= self.idle_decay
+        for slot in live:  # max(c · d) = max(c) · d exactly: the mirror stays exact
+            evidence[slot] *= self.idle_decay
         self.version += 1
 
     def forget(self, rows: list[Any]) -> None:
@@ -228,4 +235,5 @@ class AcceptanceTracker:
             slot = self._slots.pop(row, None)
             if slot is not None:
                 self._counts[slot] = 0.0
+                self._evidence.pop(slot, None)
                 self.version += 1

@@ -27,6 +27,7 @@ class AutoPolicy(BasePolicy):
     `settings.memory` (a `PolicyMemory` the caller owns; None: this call only)."""
 
     needs_step_curve = True
+    observes_host_ints = True
 
     def __init__(self, settings: PolicySettings) -> None:
         super().__init__(settings)

@@ -144,13 +144,13 @@ class CostAwarePlanner:
         device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
         1 each; see `draft_or_decode`)."""
         count, gamma = len(rows), self.tracker.block_size
-        cap = np.clip(host_array(cap, np.int64), 0, gamma)
-        shares = None if draft_costs is None else np.clip(host_array(draft_costs, np.float64), 0.0, 1.0)
-        costs = self._host_costs(count)
-        chosen, length = self._decide(rows, cap, costs, shares)
+        cap = np.minimum(np.maximum(host_array(cap, np.int64), 0), gamma)  # ufuncs: a fraction of np.clip's cost
+        shares = None if draft_costs is None else np.minimum(np.maximum(host_array(draft_costs, np.float64), 0.0), 1.0)
+        chosen, length = self._decide(rows, cap, shares)
         self._priced = None
         memory = self.tracker.memory
-        if length > 0 or (memory.probe_verdict_due and bool((cap > 0).any())):
+        room = bool(cap.any())  # some row may still draft
+        if length > 0 or (memory.probe_verdict_due and room):
             # The last probe's verdict (not while no row may draft at all), or any evidence that drafts pay.
             memory.futile_probes = 0 if length > 0 else memory.futile_probes + 1
             memory.probe_verdict_due = False
@@ -165,8 +165,9 @@ class CostAwarePlanner:
             )
         memory.rounds_since_probe += 1
         due = not memory.observed or memory.rounds_since_probe >= self.probe_wait(memory)
-        if not due or not bool((cap > 0).any()):
+        if not due or not room:
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
+        costs = self._host_costs(count)
         hopeful = np.cumprod(np.full((count, gamma), self.optimistic), axis=-1)
         chosen, length = host_draft_or_decode(self._expected(hopeful, cap), *costs, shares)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
@@ -186,7 +187,7 @@ class CostAwarePlanner:
         base = max(memory.probe_interval, self.min_interval, 1)
         return int(min(base * 2 ** min(memory.futile_probes, 30), max(self.max_interval, self.min_interval)))
 
-    def _decide(self, rows: list[Any], cap: np.ndarray, costs, shares=None) -> tuple[np.ndarray, int]:
+    def _decide(self, rows: list[Any], cap: np.ndarray, shares=None) -> tuple[np.ndarray, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
         run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
         until their own evidence has faded)."""
@@ -196,6 +197,7 @@ class CostAwarePlanner:
         key += (None if shares is None else shares.tobytes(),)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
+        costs = self._host_costs(len(rows))
         decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
         self._last = (key, decision)
         return decision
