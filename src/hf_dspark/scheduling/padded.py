@@ -121,12 +121,14 @@ def host_draft_or_decode(
     if rows == 0 or gamma == 0:
         return chosen, 0
     extra = np.maximum(expected_tokens[:, 1:] - 1.0, 0.0)  # [R, γ]
-    if row_costs is None:  # descending and stable: equal gains keep the row order
+    if rows == 1:  # nothing to rank
+        order = np.zeros((1, gamma), dtype=np.int64)
+    elif row_costs is None:  # descending and stable: equal gains keep the row order
         order = np.argsort(-extra, axis=0, kind="stable")
     else:  # cheaper rows first among equal gains
         cheap_first = np.argsort(row_costs, kind="stable")
         order = cheap_first[np.argsort(-extra[cheap_first], axis=0, kind="stable")]
-    ranked = np.take_along_axis(extra, order, axis=0)
+    ranked = extra if rows == 1 else extra[order, np.arange(gamma)]
     gained = rows + np.cumsum(ranked, axis=0)  # [k = 1..R, L = 1..γ]
     drafting = 0.0
     if draft_seconds is not None and row_costs is None:
