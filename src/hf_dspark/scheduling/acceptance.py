@@ -198,14 +198,16 @@ class AcceptanceTracker:
         if len(idle) == len(rows):
             return  # a plain-decoding round observes nothing
         verify_len, accepted = np.array(lengths, dtype=np.int64), host_array(accepted, np.int64)
-        drafted = np.flatnonzero(verify_len > 0)
+        if idle:  # only the drafting rows observe anything (the others' positions are all unobserved)
+            drafted = np.flatnonzero(verify_len > 0)
+            rows, verify_len, accepted = [rows[i] for i in drafted.tolist()], verify_len[drafted], accepted[drafted]
         self.version += 1
         self._pool_version += 1
         seen, kept = _observed_positions(verify_len, accepted, self.block_size)
         seen_f, kept_f = seen.astype(np.float64), kept.astype(np.float64)
-        slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
-        decay = np.where(seen[drafted], self.decay, 1.0)
-        counts = self._counts[slots] * decay[:, None, :] + np.stack([kept_f[drafted], seen_f[drafted]], axis=1)
+        slots = self._slot_index(rows, create=True)
+        decay = np.where(seen, self.decay, 1.0)
+        counts = self._counts[slots] * decay[:, None, :] + np.stack([kept_f, seen_f], axis=1)
         self._counts[slots] = counts
         self._evidence.update(zip(slots.tolist(), counts[:, 1].max(axis=-1).tolist()))
         pool = np.where(seen.any(axis=0), self.pool_decay, 1.0)
