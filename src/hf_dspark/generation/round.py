@@ -301,7 +301,11 @@ class RoundKernel:
         tokens = [[*row_drafts[:m], next_token] for m, next_token, row_drafts in
                   zip(accepted_host, next_host, drafts_host)]
         record.committed = list(commit(tokens, scores, out.logits))
-        valid = batch.target_cache.commit_last(steps, 1 + result.num_accepted, [1 + m for m in accepted_host])
+        if min(accepted_host, default=0) == steps - 1:  # every row kept every slot (so its ℓ was the longest)
+            batch.target_cache.commit_every(steps)
+            valid = input_valid
+        else:
+            valid = batch.target_cache.commit_last(steps, 1 + result.num_accepted, [1 + m for m in accepted_host])
         return out, accepted_host, result.next_token, valid, tau
 
     @staticmethod
