@@ -176,6 +176,12 @@ class AcceptanceTracker:
         counts = self._counts[self._slot_index(rows, create=False)]
         return (counts[:, 0] + self.prior_weight * self._host_pooled()) / (counts[:, 1] + self.prior_weight)
 
+    def conditional_one(self, row: Any) -> list[float]:
+        """`host_conditional([row])[0]` as Python floats, computed in the same order."""
+        successes, trials = self._counts[self._slots.get(row, 0)].tolist()
+        weight = self.prior_weight
+        return [(s + weight * p) / (t + weight) for s, t, p in zip(successes, trials, self._host_pooled().tolist())]
+
     def conditional(self, rows: list[Any]) -> torch.Tensor:
         """q̂ `[R, γ]` (float64, CPU): each row's conditional acceptance from its own counts and the pooled prior."""
         return torch.from_numpy(self.host_conditional(rows))

@@ -197,10 +197,37 @@ class CostAwarePlanner:
         key += (None if shares is None else shares.tobytes(),)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        costs = self._host_costs(len(rows))
-        decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
+        if len(rows) == 1:
+            decision = self._decide_one(rows[0], int(cap[0]), None if shares is None else float(shares[0]))
+        else:
+            costs = self._host_costs(len(rows))
+            decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
         self._last = (key, decision)
         return decision
+
+    def _decide_one(self, row: Any, cap: int, share: float | None) -> tuple[np.ndarray, int]:
+        """`_decide`'s `draft_or_decode` for a single row, on Python floats: the same IEEE operations in the same
+        order as the array path (a batch-1 round then pays no per-call array overhead)."""
+        conditional = self.tracker.conditional_one(row)
+        verify, draft = self.verify_seconds(1).tolist(), float(self.draft_seconds(1)[1])
+        if self.measured_costs:
+            costs = self.tracker.memory.costs
+            plain, drafting = costs.plain, costs.drafting
+            verify = [verify[0] * plain] + [seconds * drafting for seconds in verify[1:]]
+            draft *= drafting
+        if share is not None:  # T_draft(⌈share⌉): nothing when the row is free
+            priced = min(max(math.ceil(share - 1e-9), 0), 1)
+            draft = draft if priced > 0 else 0.0
+        survival, gains, best, best_length = 1.0, 0.0, None, 0
+        for length, q in enumerate(conditional, start=1):
+            survival *= q
+            gains += survival * (1.0 if length <= cap else 0.0)
+            theta = (1 + max((1.0 + gains) - 1.0, 0.0)) / (verify[length] + draft)
+            if best is None or theta > best:  # the first of equal maxima, as argmax
+                best, best_length = theta, length
+        if best is None or best <= 1 / verify[0]:
+            return np.zeros(1, dtype=bool), 0
+        return np.ones(1, dtype=bool), best_length
 
     @staticmethod
     def _expected(survival: np.ndarray, cap: np.ndarray) -> np.ndarray:
