@@ -203,6 +203,9 @@ class AcceptanceTracker:
         self._relax(idle)
         if len(idle) == len(rows):
             return  # a plain-decoding round observes nothing
+        if len(rows) == 1:
+            self._observe_one(rows[0], lengths[0], int(host_array(accepted, np.int64)[0]))
+            return
         verify_len, accepted = np.array(lengths, dtype=np.int64), host_array(accepted, np.int64)
         if idle:  # only the drafting rows observe anything (the others' positions are all unobserved)
             drafted = np.flatnonzero(verify_len > 0)
@@ -220,6 +223,26 @@ class AcceptanceTracker:
         memory = self.memory
         memory.successes = torch.from_numpy(host_array(memory.successes, np.float64) * pool + kept_f.sum(axis=0))
         memory.trials = torch.from_numpy(host_array(memory.trials, np.float64) * pool + seen_f.sum(axis=0))
+
+    def _observe_one(self, row: Any, length: int, accepted: int) -> None:
+        """`observe` of a single drafting row on Python floats: the same IEEE operations in the same order as the
+        array path, without its per-call overhead."""
+        self.version += 1
+        self._pool_version += 1
+        slot = int(self._slot_index([row], create=True)[0])
+        reach = min(accepted + 1, length)
+        seen = [j <= reach for j in range(1, self.block_size + 1)]
+        kept = [float(j <= accepted) for j in range(1, self.block_size + 1)]
+        successes, trials = self._counts[slot].tolist()
+        successes = [c * (self.decay if s else 1.0) + k for c, s, k in zip(successes, seen, kept)]
+        trials = [c * (self.decay if s else 1.0) + float(s) for c, s in zip(trials, seen)]
+        self._counts[slot] = (successes, trials)
+        self._evidence[slot] = max(trials)
+        memory, pool = self.memory, [self.pool_decay if s else 1.0 for s in seen]
+        pooled = host_array(memory.successes, np.float64).tolist()
+        memory.successes = torch.tensor([c * d + k for c, d, k in zip(pooled, pool, kept)], dtype=torch.float64)
+        pooled = host_array(memory.trials, np.float64).tolist()
+        memory.trials = torch.tensor([c * d + float(s) for c, d, s in zip(pooled, pool, seen)], dtype=torch.float64)
 
     def _relax(self, idle: list[Any]) -> None:
         """Multiply the counts of observed rows that did not draft by `idle_decay` (their estimates drift back to
