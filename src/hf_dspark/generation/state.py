@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -168,7 +169,37 @@ class RowState:
         if self.host_rules is None or self.keep_scores or self.keep_logits:
             return [self.commit(row, row_tokens, scores[a, : len(row_tokens)], raw_logits[a, : len(row_tokens)])
                     for a, (row, row_tokens) in enumerate(zip(rows, tokens))]
-        return [self._commit_on_host(row, row_tokens, scores, raw_logits) for row, row_tokens in zip(rows, tokens)]
+        return self._commit_rows_on_host(rows, tokens)
+
+    def _commit_rows_on_host(self, rows: list[int], tokens: list[list[int]]) -> list[int]:
+        """`_commit_on_host` for several rows that keep no scores: one loop, no call per row unless one stops."""
+        max_length, eos = self.host_rules
+        limit = math.inf if max_length is None else max_length
+        lengths = self.lengths
+        pending_rows, positions, pending_tokens = self._pending
+        counts = []
+        for row, row_tokens in zip(rows, tokens):
+            length, kept = lengths[row], len(row_tokens)
+            if length + kept >= limit or not eos.isdisjoint(row_tokens):
+                kept = self._kept_until_stop(row, row_tokens)
+            pending_rows.extend([row] * kept)
+            positions.extend(range(length, length + kept))
+            pending_tokens.extend(row_tokens[:kept])
+            lengths[row] = length + kept
+            counts.append(kept)
+        return counts
+
+    def _kept_until_stop(self, row: int, tokens: list[int]) -> int:
+        """How many of `tokens` row `row` keeps under the host rules (up to and including the one that stops it,
+        which finishes the row)."""
+        max_length, eos = self.host_rules
+        length = self.lengths[row]
+        for i, token in enumerate(tokens):
+            length += 1
+            if token in eos or (max_length is not None and length >= max_length):
+                self.finished[row] = True
+                return i + 1
+        return len(tokens)
 
     def commit(self, row: int, tokens: list[int], scores: torch.Tensor, raw_logits: torch.Tensor) -> int:
         """Append tokens one at a time through the stopping criteria; returns how many were kept."""
@@ -202,12 +233,7 @@ class RowState:
         max_length, eos = self.host_rules
         length, kept = self.lengths[row], len(tokens)
         if not eos.isdisjoint(tokens) or (max_length is not None and length + kept >= max_length):
-            for i, token in enumerate(tokens):
-                length += 1
-                if token in eos or (max_length is not None and length >= max_length):
-                    kept, self.finished[row] = i + 1, True
-                    break
-            length = self.lengths[row]
+            kept = self._kept_until_stop(row, tokens)
         pending_rows, positions, pending_tokens = self._pending
         pending_rows.extend([row] * kept)
         positions.extend(range(length, length + kept))
