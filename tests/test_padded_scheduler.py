@@ -99,6 +99,39 @@ def test_draft_or_decode_drafts_only_the_rows_that_pay():
     assert chosen.tolist() == [False, True, False] and length == 2  # (3 + 1.85) / 1.3 beats 3 and the rest
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    gains=st.lists(st.lists(st.floats(0.0, 1.0), min_size=3, max_size=3), min_size=1, max_size=5),
+    per_row=st.floats(0.0, 0.5),
+    verify_step=st.floats(0.0, 0.5),
+)
+def test_draft_or_decode_reaches_the_best_subset_of_rows_and_length(gains, per_row, verify_step):
+    """Against every subset of rows and every L: the chosen rows and L reach the best Θ(k, L), and plain decoding is
+    chosen exactly when no subset beats it."""
+    import itertools
+
+    from hf_dspark.padded_scheduler import draft_or_decode
+
+    rows, gamma = len(gains), 3
+    expected = _expected(gains)
+    verify = torch.tensor([1.0 + verify_step * L for L in range(gamma + 1)], dtype=torch.float64)
+    draft = torch.tensor([per_row * k for k in range(rows + 1)], dtype=torch.float64)
+
+    def theta(subset, length):
+        tokens = rows + sum(float(expected[r, length]) - 1.0 for r in subset)
+        return tokens / (float(verify[length]) + float(draft[len(subset)]))
+
+    best = max(theta(subset, length) for k in range(1, rows + 1) for subset in itertools.combinations(range(rows), k)
+               for length in range(1, gamma + 1))
+    chosen, length = draft_or_decode(expected, verify, draft)
+    plain = rows / float(verify[0])
+    if length == 0:
+        assert not chosen.any() and best <= plain + 1e-12
+    else:
+        subset = chosen.nonzero().flatten().tolist()
+        assert theta(subset, length) == pytest.approx(best, rel=1e-12) and best > plain - 1e-12
+
+
 def test_sunk_cost_stop_looks_past_a_dip_in_the_curve():
     from hf_dspark.padded_scheduler import padded_verify_seconds, sunk_cost_stop
 

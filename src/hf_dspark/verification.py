@@ -26,19 +26,25 @@ def _leading_true(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.long).cumprod(dim=-1).sum(dim=-1)
 
 
+def _in_budget(mask: torch.Tensor, verify_len: torch.Tensor | None) -> torch.Tensor:
+    """`mask` `[R, γ]` with the positions past each row's ℓ_r cleared (verify_len None: every row verifies γ)."""
+    if verify_len is None:
+        return mask
+    return mask & (torch.arange(mask.shape[1], device=mask.device)[None, :] < verify_len[:, None])
+
+
 def verify_greedy(
-    draft_ids: torch.Tensor, target_ids: torch.Tensor, verify_len: torch.Tensor
+    draft_ids: torch.Tensor, target_ids: torch.Tensor, verify_len: torch.Tensor | None
 ) -> VerificationResult:
     """Greedy: accept draft x_j iff it equals the target's argmax at that position.
 
     draft_ids: `[R, γ]`; target_ids: `[R, γ + 1]` the target's (processed) argmax at each verified position
-    (entries past ℓ_r are ignored); verify_len: `[R]`. The next token is the target's choice after the last kept
-    draft, so the output equals target-only greedy decoding token for token.
+    (entries past ℓ_r are ignored); verify_len: `[R]`, or None when every row verifies all γ drafts. The next token
+    is the target's choice after the last kept draft, so the output equals target-only greedy decoding token for
+    token.
     """
     gamma = draft_ids.shape[1]
-    positions = torch.arange(gamma, device=draft_ids.device)
-    in_budget = positions[None, :] < verify_len[:, None]
-    matches = (draft_ids == target_ids[:, :gamma]) & in_budget
+    matches = _in_budget(draft_ids == target_ids[:, :gamma], verify_len)
     accepted = _leading_true(matches)
     next_token = target_ids.gather(1, accepted[:, None]).squeeze(1)
     return VerificationResult(accepted, next_token)
@@ -69,8 +75,7 @@ def verify_sampling(
     p_target_tok = target_probs[:, :gamma].gather(-1, draft_ids[..., None]).squeeze(-1)
     uniform = torch.rand(rows, gamma, device=device, generator=generator, dtype=p_draft_tok.dtype)
     keep = uniform * p_draft_tok < p_target_tok  # u < p_t / p_d without dividing by a tiny p_d
-    in_budget = torch.arange(gamma, device=device)[None, :] < verify_len[:, None]
-    accepted = _leading_true(keep & in_budget)
+    accepted = _leading_true(_in_budget(keep, verify_len))
     row_idx = torch.arange(rows, device=device)
     at_target = target_probs[row_idx, accepted]  # [R, V]
     rejected = accepted < verify_len

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from hf_dspark.generation.attention import PACKED_SDPA, packed_gqa_attention, packed_gqa_sdpa
+from hf_dspark.generation.attention import PACKED_SDPA, packed_gqa_attention, packed_gqa_config, packed_gqa_sdpa
 from tests.helpers import make_target, ragged_prompts
 
 
@@ -76,6 +76,25 @@ def test_a_verification_forward_inside_gives_the_same_logits_and_restores_the_co
 
 def test_the_config_is_restored_after_an_error(target):
     with pytest.raises(RuntimeError, match="boom"), packed_gqa_attention(target):
+        raise RuntimeError("boom")
+    assert target.config._attn_implementation == "sdpa"
+
+
+def test_a_held_config_packs_only_inside_blocks_and_is_switched_once(target, monkeypatch):
+    """Under `packed_gqa_config`, blocks inside leave the config alone, forwards outside a block run transformers'
+    SDPA function, and the config gets "sdpa" back at the end (an error included)."""
+    ids, mask = ragged_prompts(3, seed=4)
+    packed_calls = []
+    monkeypatch.setattr("hf_dspark.generation.attention.packed_gqa_sdpa",
+                        lambda *args, **kwargs: packed_calls.append(1) or packed_gqa_sdpa(*args, **kwargs))
+    expected = target(input_ids=ids, attention_mask=mask).logits
+    with pytest.raises(RuntimeError, match="boom"), packed_gqa_config(target):
+        assert target.config._attn_implementation == PACKED_SDPA
+        assert torch.equal(target(input_ids=ids, attention_mask=mask).logits, expected)
+        assert not packed_calls  # outside a block: transformers' own SDPA
+        with packed_gqa_attention(target):
+            target(input_ids=ids, attention_mask=mask)
+        assert packed_calls and target.config._attn_implementation == PACKED_SDPA  # still held
         raise RuntimeError("boom")
     assert target.config._attn_implementation == "sdpa"
 

@@ -142,3 +142,29 @@ def test_heldout_acceptance_reads_the_drafter_config():
 def test_a_prior_rate_of_zero_is_clipped_so_the_position_can_still_be_verified():
     tracker = AcceptanceTracker(3, AcceptanceMemory.empty(3), prior=[0.9, 0.0, 1.0], pool_prior_weight=8.0)
     assert tracker.pooled().tolist() == pytest.approx([0.9, PRIOR_CLIP, 1 - PRIOR_CLIP])
+
+
+def test_a_single_rows_update_on_floats_equals_the_array_path():
+    """One drafting row takes the float path (`_observe_one`), the same row beside an idle one the array path: the
+    counts, the pooled memory and the evidence mirror agree bit for bit over random rounds."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(1)
+    for _ in range(300):
+        gamma = rng.randint(1, 6)
+        alone = AcceptanceTracker(gamma, AcceptanceMemory.empty(gamma))
+        beside = AcceptanceTracker(gamma, AcceptanceMemory.empty(gamma))
+        for _ in range(rng.randint(1, 12)):
+            length = rng.randint(0, gamma)
+            accepted = rng.randint(0, length)
+            alone.observe(["r"], [length], [accepted])
+            beside.observe(["r", "idle"], [length, 0], [accepted, 0])
+        assert ("r" in alone._slots) == ("r" in beside._slots)
+        if "r" in alone._slots:
+            slot_a, slot_b = alone._slots["r"], beside._slots["r"]
+            assert np.array_equal(alone._counts[slot_a], beside._counts[slot_b])
+            assert alone._evidence[slot_a] == beside._evidence[slot_b]
+        assert torch.equal(alone.memory.successes, beside.memory.successes)
+        assert torch.equal(alone.memory.trials, beside.memory.trials)

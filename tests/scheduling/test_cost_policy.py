@@ -71,3 +71,36 @@ def test_without_futile_probes_the_wait_is_the_budgeted_interval():
     assert planner.probe_wait(memory) == 4  # never below min_interval
     memory.futile_probes = 40
     assert planner.probe_wait(memory) == 64  # never beyond max_interval
+
+
+def test_a_single_rows_decision_on_floats_equals_the_array_path():
+    """The batch-1 shortcut (`_decide_one`) makes the array path's decision, bit for bit, over random acceptance
+    histories, curves, cost corrections, caps and draft-cost shares."""
+    import random
+
+    import numpy as np
+
+    from hf_dspark.scheduling.padded import host_draft_or_decode
+
+    rng = random.Random(0)
+    drafting = 0
+    for _ in range(400):
+        gamma = rng.randint(1, 6)
+        tracker = AcceptanceTracker(gamma, AcceptanceMemory.empty(gamma))
+        for _ in range(rng.randint(0, 6)):
+            length = rng.randint(0, gamma)
+            tracker.observe(["r"], [length], [rng.randint(0, length)])
+        tokens = [1, 2, 4, 8, 16, 32]
+        step = StepCurve(tokens, sorted((rng.uniform(0.5, 2.0) for _ in tokens), reverse=True))
+        draft = None if rng.random() < 0.3 else StepCurve([1, 2, 4], [rng.uniform(1.0, 50.0)] * 3)
+        planner = CostAwarePlanner(tracker, step, draft, measured_costs=rng.random() < 0.5)
+        costs = tracker.memory.costs
+        costs.log_plain, costs.log_relative = rng.uniform(-0.5, 0.5), rng.uniform(-0.5, 0.5)
+        cap = np.array([rng.randint(0, gamma + 1)])
+        share = None if rng.random() < 0.5 else np.array([rng.choice([0.0, 0.3, 1.0])])
+        one = planner._decide_one("r", int(cap[0]), None if share is None else float(share[0]))
+        expected = planner._expected(tracker.host_survival(["r"]), cap)
+        chosen, length = host_draft_or_decode(expected, *planner._host_costs(1), share)
+        assert one[1] == length and np.array_equal(one[0], chosen)
+        drafting += length > 0
+    assert 50 < drafting < 350  # both outcomes are exercised

@@ -18,11 +18,14 @@ mask, a per-head mask, position bias, dropout) goes to transformers' own SDPA fu
 is inside one, the model's text config names the registered function instead of "sdpa" (and gets its own value back
 when the last one exits, exceptions included), and the function packs only for threads inside a block; a plain
 forward of the same model in another thread meanwhile runs transformers' SDPA function exactly as without it.
+`packed_gqa_config(model)` holds the switched config across many blocks (the decoding loop's rounds), so that each
+forward's block costs a thread-local count instead of two trips through transformers' validated config setter.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,6 +38,7 @@ PACKED_SDPA = "dspark_packed_sdpa"
 _SCOPE = threading.local()  # .depth: how many packed_gqa_attention blocks the current thread is inside
 _LOCK = threading.Lock()
 _ACTIVE: dict[int, int] = {}  # id(text config) -> blocks running on it, all threads (configs are unhashable)
+_TEXT_CONFIGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its config, that text config)
 
 
 def packed_gqa_sdpa(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -75,25 +79,66 @@ def _register() -> None:
         ALL_MASK_ATTENTION_FUNCTIONS.register(PACKED_SDPA, sdpa_mask)
 
 
+def _text_config(model):
+    """`model`'s text config (`get_text_config(decoder=True)`), looked up once per model and config object: the
+    look-up walks the config's sub-configs through transformers' validated attribute access, several µs a call."""
+    outer = model.config
+    cached = _TEXT_CONFIGS.get(model)
+    if cached is None or cached[0] is not outer:
+        cached = (outer, outer.get_text_config(decoder=True))
+        _TEXT_CONFIGS[model] = cached
+    return cached[1]
+
+
+def _acquire(config) -> bool:
+    """Switch `config` to `PACKED_SDPA` for one more block (the first switches it); False, and nothing changed, when
+    it is not an SDPA grouped-query-attention config that no block switched yet."""
+    key = id(config)  # the config outlives the block: the model holds it
+    with _LOCK:
+        if _ACTIVE.get(key, 0) == 0:  # no block switched this config yet
+            heads = getattr(config, "num_attention_heads", None)
+            kv_heads = getattr(config, "num_key_value_heads", None)
+            if config._attn_implementation != "sdpa" or not heads or not kv_heads or kv_heads >= heads:
+                return False
+            _register()
+            config._attn_implementation = PACKED_SDPA
+        _ACTIVE[key] = _ACTIVE.get(key, 0) + 1
+        return True
+
+
+def _release(config) -> None:
+    """One block on `config` ends; the last gives it back "sdpa"."""
+    key = id(config)
+    with _LOCK:
+        _ACTIVE[key] -= 1
+        if _ACTIVE[key] == 0:
+            del _ACTIVE[key]
+            config._attn_implementation = "sdpa"
+
+
+@contextmanager
+def packed_gqa_config(model) -> Iterator[None]:
+    """Keep `model`'s config naming the packed function for the whole block, without packing anything: forwards
+    pack only inside `packed_gqa_attention` blocks, and every other forward runs transformers' SDPA function as
+    before. A loop that runs many verification forwards holds it around them, so that each forward's own block
+    only counts the thread's depth (switching the config goes through transformers' validated setter, tens of µs
+    a switch)."""
+    config = _text_config(model)
+    held = _acquire(config)
+    try:
+        yield
+    finally:
+        if held:
+            _release(config)
+
+
 @contextmanager
 def packed_gqa_attention(model) -> Iterator[None]:
     """Run the calling thread's forwards inside with `packed_gqa_sdpa` when `model` is an SDPA grouped-query-
     attention model; otherwise (eager, flash, no GQA) nothing changes. Blocks nest and overlap across threads: the
     config names the packed function from the first entry to the last exit, and only threads inside a block pack."""
-    config = model.config.get_text_config(decoder=True)
-    heads, kv_heads = getattr(config, "num_attention_heads", None), getattr(config, "num_key_value_heads", None)
-    with _LOCK:
-        key = id(config)  # the config outlives the block: the model holds it
-        ours = _ACTIVE.get(key, 0) > 0  # another block already switched this config
-        if not ours and (config._attn_implementation != "sdpa" or not heads or not kv_heads or kv_heads >= heads):
-            entered = False
-        else:
-            if not ours:
-                _register()
-                config._attn_implementation = PACKED_SDPA
-            _ACTIVE[key] = _ACTIVE.get(key, 0) + 1
-            entered = True
-    if not entered:
+    config = _text_config(model)
+    if not _acquire(config):
         yield
         return
     _SCOPE.depth = getattr(_SCOPE, "depth", 0) + 1
@@ -101,8 +146,4 @@ def packed_gqa_attention(model) -> Iterator[None]:
         yield
     finally:
         _SCOPE.depth -= 1
-        with _LOCK:
-            _ACTIVE[key] -= 1
-            if _ACTIVE[key] == 0:
-                del _ACTIVE[key]
-                config._attn_implementation = "sdpa"
+        _release(config)

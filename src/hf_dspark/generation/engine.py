@@ -36,7 +36,7 @@ import torch
 from ..scheduling.registry import NO_SPECULATION, available_policies, canonical_policy_name
 from .call_checks import check_attention_implementation, rope_reach_refusal, rope_threshold
 from .drafting import feature_layers
-from .engine_inputs import check_engine_arguments, prompt_tensor, sampling_warpers
+from .engine_inputs import RequestHistories, check_engine_arguments, prompt_tensor, sampling_warpers
 from .options import DSparkGenerationOptions, check_sampling_settings, eos_token_ids
 from .packed_linear import linear_packs_for
 from .policy import VerificationPolicy, policy_from_options
@@ -375,13 +375,16 @@ class DSparkEngine:
         batch = self.batch
         requests = [self.requests[r] for r in batch.rows]
         left = [r.max_new_tokens - len(r.generated) for r in requests]  # host ints
-        histories = [r.history for r in requests]
+        histories = RequestHistories(requests)  # built only where a drafter reads them
         events: list[tuple[int, list[int]]] = []
 
-        def commit(a: int, tokens: list[int], scores: torch.Tensor, logits: torch.Tensor) -> int:
-            kept = self._commit(batch.rows[a], tokens)
-            events.append((batch.rows[a], kept))
-            return len(kept)
+        def commit(tokens: list[list[int]], scores: torch.Tensor, logits: torch.Tensor) -> list[int]:
+            counts = []
+            for rid, row_tokens in zip(batch.rows, tokens):
+                kept = self._commit(rid, row_tokens)
+                events.append((rid, kept))
+                counts.append(len(kept))
+            return counts
 
         record: RoundRecord = self.kernel.step(batch, histories, [n - 1 for n in left], commit)
         self.records.append(

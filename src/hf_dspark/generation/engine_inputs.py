@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from transformers.generation.logits_process import (
     LogitsProcessorList,
@@ -67,3 +69,22 @@ def prompt_tensor(prompt_ids, vocab_size: int) -> torch.Tensor:
         bad = prompt[(prompt < 0) | (prompt >= vocab_size)].tolist()
         raise ValueError(f"prompt token ids {bad[:5]} are outside the target's vocabulary 0..{vocab_size - 1}.")
     return prompt.long().cpu().clone()  # the engine's own copy: the caller may reuse its buffer
+
+
+class RequestHistories(Sequence):
+    """The token histories of `requests` (`EngineRequest`s: prompt, then the generated tokens) as they stand when
+    this is built, each concatenated only when read: a round whose drafter and processors read none pays nothing
+    per request."""
+
+    def __init__(self, requests: Sequence) -> None:
+        self.requests = requests
+        self.lengths = [len(request.generated) for request in requests]
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        request = self.requests[index]
+        return torch.cat([request.prompt_ids, request.prompt_ids.new_tensor(request.generated[: self.lengths[index]])])

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.utils import logging
 
+from .attention import packed_gqa_config
 from .options import DSparkGenerationOptions
 from .output_cache import dict_output
 from .packed_linear import linear_packs_for
@@ -25,7 +26,7 @@ from .policy import policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundKernel
-from .state import RowState, validate_call
+from .state import RowHistories, RowState, validate_call
 from .static_cache import static_plan
 from .stats import DSparkGenerationStats, remember_stats
 from .streaming import CommitStreamer
@@ -83,9 +84,8 @@ class DSparkLoop:
         raw = out.logits
         scores = self.processors.apply(range(len(valid)), list(self.input_ids), raw)
         first = _pick(scores, self.do_sample)
-        for row in range(len(valid)):
-            self.rows.commit(row, [int(first[row])], scores[row : row + 1], raw[row : row + 1])
-        self.rows.flush_uploads()
+        self.rows.commit_rows(list(range(len(valid))), [[token] for token in first.tolist()], scores[:, None],
+                              raw[:, None])
         self.streaming.flush()
         self.batch = self.kernel.start(list(range(len(valid))), first, out.target, out.features, valid)
         self._drop_finished()
@@ -93,14 +93,15 @@ class DSparkLoop:
     # ------------------------------------------------------------------ one round
     def step(self) -> None:
         rows = self.batch.rows
-        histories = [self.rows.history(r) for r in rows]
-        cap = [self.rows.remaining(r) - 1 for r in rows]  # host ints: budgets never visit the device
+        histories = RowHistories(self.rows, rows)  # read only by drafters and processors that need them
+        last = self.rows.max_length - 1
+        lengths = self.rows.lengths
+        cap = [last - lengths[r] for r in rows]  # host ints: budgets never visit the device
 
-        def commit(a: int, tokens: list[int], scores: torch.Tensor, logits: torch.Tensor) -> int:
-            return self.rows.commit(rows[a], tokens, scores, logits)
+        def commit(tokens: list[list[int]], scores: torch.Tensor, logits: torch.Tensor) -> list[int]:
+            return self.rows.commit_rows(rows, tokens, scores, logits)
 
         self.kernel.step(self.batch, histories, cap, commit)
-        self.rows.flush_uploads()
         self.streaming.flush()
         self._drop_finished()
 
@@ -118,8 +119,9 @@ class DSparkLoop:
 
     def run(self):
         self.prefill()
-        while self.batch.rows:
-            self.step()
+        with packed_gqa_config(self.model):  # the config switched once for every verification forward
+            while self.batch.rows:
+                self.step()
         self.stats.compactions = self.batch.target_cache.compactions
         self.stats.max_cache_width = self.batch.target_cache.max_width
         remember_stats(self.drafter, self.stats)

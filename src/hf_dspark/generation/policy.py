@@ -31,6 +31,7 @@ them into `DSparkGenerationStats.expected_tokens` / `expected_throughput`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,12 +41,13 @@ from transformers.utils import logging
 from ..curve_sources import CURVE_SOURCES
 from ..functional import prefix_survival
 from ..scheduling.acceptance import heldout_acceptance
-from ..scheduling.expectation import expected_tokens
+from ..scheduling.base import BasePolicy
+from ..scheduling.expectation import expected_tokens, uniform_expected_tokens
 from ..scheduling.records import PolicySettings, ScheduleRecord
 from ..scheduling.registry import canonical_policy_name, get_policy
 from ..step_curve import StepCurve
 from .options import DSparkGenerationOptions, validate_dspark_options
-from .transfer import HOST
+from .transfer import HOST, upload
 
 if TYPE_CHECKING:
     from ..modeling_outputs import DSparkProposal
@@ -151,8 +153,15 @@ class VerificationPolicy:
         working)."""
         return self.rule.plan(rows, cap) if draft_costs is None else self.rule.plan(rows, cap, draft_costs)
 
-    def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
-        """What verification kept this round (all active rows, ℓ = 0 for those that did not draft)."""
+    def observe(self, rows: list[Any], verify_len: torch.Tensor | Sequence[int],
+                accepted: torch.Tensor | Sequence[int]) -> None:
+        """What verification kept this round (all active rows, ℓ = 0 for those that did not draft): `[A]` tensors
+        or host ints, given to the rule as tensors (not built for a rule that learns nothing)."""
+        if type(self.rule).observe is BasePolicy.observe:
+            return
+        if not getattr(self.rule, "observes_host_ints", False):
+            verify_len = torch.as_tensor(verify_len, dtype=torch.long)
+            accepted = torch.as_tensor(accepted, dtype=torch.long)
         self.rule.observe(rows, verify_len, accepted)
 
     def observe_round(self, record: RoundRecord) -> None:
@@ -167,19 +176,33 @@ class VerificationPolicy:
         """ℓ `[R]` as a host LongTensor, clipped to `cap` (host ints, or a tensor: read once). A rule whose ℓ does
         not depend on this round's confidences (`fixed`, `auto`) builds it on the host; the others compute it on
         the device and it is read here, once (the target forward's width depends on max ℓ)."""
+        return torch.tensor(self.choose(proposal, cap), dtype=torch.long)
+
+    def choose(self, proposal: DSparkProposal, cap) -> list[int]:
+        """`__call__`'s ℓ as host ints (what the round kernel uses)."""
         rows = proposal.draft_ids.shape[0]
         survival = prefix_survival(proposal.confidence) if proposal.confidence is not None else None
         chosen = self.rule.lengths(survival, rows, HOST)
+        lengths = chosen.tolist()
         caps = cap.tolist() if isinstance(cap, torch.Tensor) else list(cap)
-        verify_len = [min(int(length), max(int(c), 0)) for length, c in zip(chosen.tolist(), caps)]
+        if chosen.dtype == torch.long and lengths and min(lengths) >= 0 and min(caps) >= max(lengths):
+            verify_len = lengths  # no row's budget cuts it
+        else:
+            verify_len = [min(int(length), max(int(c), 0)) for length, c in zip(lengths, caps)]
         self._survival, self._verify_len = survival, verify_len
-        return torch.tensor(verify_len, dtype=torch.long)
+        return verify_len
 
-    def expected_tokens_tensor(self, verify_len: torch.Tensor) -> torch.Tensor | None:
+    def expected_tokens_tensor(self, verify_len: torch.Tensor | Sequence[int]) -> torch.Tensor | None:
         """τ̂ of the last decision as a device scalar (no read; `scheduling.expectation`), None without
-        confidences. verify_len: that decision's ℓ `[R]` on the survivals' device."""
+        confidences. verify_len: that decision's ℓ `[R]`, on the survivals' device or as host ints (one ℓ for
+        every row needs no upload)."""
         if self._survival is None:
             return None
+        if not isinstance(verify_len, torch.Tensor):
+            lengths = list(verify_len)
+            if lengths and min(lengths) == max(lengths):
+                return uniform_expected_tokens(self._survival, lengths[0])
+            verify_len = upload(lengths, self._survival.device)
         return expected_tokens(self._survival, verify_len)
 
     def schedule(self, tau: float | None) -> ScheduleRecord:

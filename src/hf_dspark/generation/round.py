@@ -1,7 +1,7 @@
 """The DSpark round, written once for `generate` (`loop.DSparkLoop`) and the serving engine (`engine.DSparkEngine`).
 
 One round for the running rows: plan (which rows draft; the "auto" policy may choose none) → propose → choose
-ℓ_r → one ragged target forward → verify → commit (the caller's per-row callback: stopping criteria, EOS,
+ℓ_r → one ragged target forward → verify → commit (the caller's callback for all rows: stopping criteria, EOS,
 budgets, streaming) → extend the drafter's context with the committed tokens' tapped target features. Rounds
 that do not draft only queue their features (`RoundBatch.pending`); the queue reaches the drafter in one
 `extend_context` call before its next proposal (or once `max_pending` slots wait), so a run of plain-decoding
@@ -33,8 +33,9 @@ from .processors import RowProcessors
 from .target_cache import RaggedTargetCache
 from .transfer import bits_float, download, float_bits, upload
 
-# (active index a, tokens to commit, processed scores [n, V], raw logits [n, V]) -> how many were kept
-CommitFn = Callable[[int, list[int], torch.Tensor, torch.Tensor], int]
+# (tokens to commit per active row, processed scores [A, T, V], raw logits [A, T, V]: row a's tokens were chosen at
+# its first len(tokens[a]) positions) -> how many each row kept
+CommitFn = Callable[[list[list[int]], torch.Tensor, torch.Tensor], list[int]]
 
 
 @dataclass
@@ -45,9 +46,9 @@ class RoundRecord:
     drafts verification accepted; committed: tokens actually kept (EOS / budgets may cut); drafted: rows that ran
     the drafter (0: a plain-decoding round); probe: the round refreshed the "auto" policy's estimates;
     schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (logit(c_k) for drafters
-    that give only calibrated c_k; NaN for rows that did not draft) or None; *_seconds: wall time of the
-    policy's decisions, the drafter (with its queued context update), and the target forward with verification
-    and commit.
+    that give only calibrated c_k; NaN for rows that did not draft) or None (also when no observer wants them:
+    `RoundObserver`); *_seconds: wall time of the policy's decisions, the drafter (with its queued context
+    update), and the target forward with verification and commit.
     """
 
     rows: list[Any]
@@ -64,6 +65,10 @@ class RoundRecord:
 
 
 class RoundObserver(Protocol):
+    """Receives every round's `RoundRecord`. Optional: `wants_confidence_logits` (default True); when no observer
+    wants them, records carry no `confidence_logits` (the rounds then skip converting the drafter's
+    confidences)."""
+
     def on_round(self, record: RoundRecord) -> None: ...
 
 
@@ -72,7 +77,7 @@ class RoundBatch:
     """The running rows' state between rounds: ids, anchors `[A]`, the ragged target cache and the draft cache.
 
     pending: context updates not yet given to the drafter, in order: (features `[A, n, ·]` or None, valid `[A, n]`,
-    each row's valid count as host ints).
+    each row's valid count as host ints); `queue` appends one and counts its slots.
     """
 
     rows: list[Any]
@@ -80,6 +85,7 @@ class RoundBatch:
     target_cache: RaggedTargetCache
     draft_cache: Any | None = None
     pending: list[tuple[torch.Tensor | None, torch.Tensor, list[int]]] = field(default_factory=list)
+    _queued_slots: int = field(default=0, repr=False)
 
     def keep(self, keep: Sequence[int]) -> None:
         """Keep the active positions `keep` (finished rows leave): one upload of the host index."""
@@ -107,8 +113,14 @@ class RoundBatch:
         self.pending = [(None if f is None else torch.cat([f, f.new_zeros(added, *f.shape[1:])]),
                          torch.cat([v, v.new_zeros(added, v.shape[1])]), c + [0] * added) for f, v, c in self.pending]
 
+    def queue(self, features: torch.Tensor | None, valid: torch.Tensor, counts: list[int]) -> None:
+        """Queue one round's context update for the drafter (`flush` gives it the queue)."""
+        self.pending.append((features, valid, counts))
+        self._queued_slots += int(valid.shape[1])
+
     def pending_slots(self) -> int:
-        return sum(int(v.shape[1]) for _, v, _ in self.pending)
+        """Slots of the queued context updates."""
+        return self._queued_slots if self.pending else 0
 
     def flush(self, drafter, takes_counts: bool | None = None) -> None:
         """Give the queued context updates to `drafter` in one `extend_context` call (padding is skipped), with
@@ -117,12 +129,15 @@ class RoundBatch:
             return
         if takes_counts is None:
             takes_counts = takes_host_counts(drafter)
-        features = [f for f, _, _ in self.pending]
-        merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
-        counts = [sum(row) for row in zip(*(c for _, _, c in self.pending))]
-        valid = torch.cat([v for _, v, _ in self.pending], dim=1)
+        if len(self.pending) == 1:
+            merged, valid, counts = self.pending[0]
+        else:
+            features = [f for f, _, _ in self.pending]
+            merged = None if any(f is None for f in features) else torch.cat(features, dim=1)
+            counts = [sum(row) for row in zip(*(c for _, _, c in self.pending))]
+            valid = torch.cat([v for _, v, _ in self.pending], dim=1)
         extend_drafter_context(drafter, self.draft_cache, merged, valid, counts, takes_counts)
-        self.pending = []
+        self.pending, self._queued_slots = [], 0
 
 
 def _scatter(values: torch.Tensor, index: torch.Tensor | None, rows: int, fill: float | int = 0) -> torch.Tensor:
@@ -142,6 +157,21 @@ def _host_scatter(values: Sequence[int], index: Sequence[int] | None, rows: int)
     for i, value in zip(index, values):
         out[i] = int(value)
     return out
+
+
+class _Picked(Sequence):
+    """`[items[i] for i in index]`, each item read only when asked for (histories may be built on access)."""
+
+    def __init__(self, items: Sequence, index: Sequence[int]) -> None:
+        self.items, self.index = items, index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.items[self.index[i]]
 
 
 def _host_ints(values: Sequence[int] | torch.Tensor) -> list[int]:
@@ -173,6 +203,7 @@ class RoundKernel:
         self.max_pending = max_pending
         self.taps = feature_layers(drafter) if drafter is not None else []
         self.takes_counts = drafter is not None and takes_host_counts(drafter)
+        self.wants_confidence = any(getattr(o, "wants_confidence_logits", True) for o in self.observers)
 
     def start(self, rows: list[Any], anchor: torch.Tensor, target_cache: RaggedTargetCache,
               features: torch.Tensor | None, valid: torch.Tensor) -> RoundBatch:
@@ -200,32 +231,19 @@ class RoundKernel:
         drafted = time.perf_counter()
         record.policy_seconds += planned - start
         steps = 1 + max(host_len, default=0)
-        drafts = drafts[:, : steps - 1]
-        device = batch.anchor.device
-        verify_len = upload(host_len, device)
-        inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
-        input_valid = torch.arange(steps, device=inputs.device)[None, :] <= verify_len[:, None]
-        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs,
-                                         host_input_counts=[1 + n for n in host_len])
-        scores = self.processors.apply_positions(batch.rows, histories, drafts, out.logits, verify_len + 1)
-        result = self._verify(drafts, draft_probs, scores, verify_len, steps)
-        accepted = result.num_accepted
-        accepted_host, next_host, drafts_host, tau = self._download(accepted, result.next_token, drafts, tau)
-        for a, (m, next_token, row_drafts) in enumerate(zip(accepted_host, next_host, drafts_host)):
-            record.committed.append(commit(a, [*row_drafts[:m], next_token], scores[a, : m + 1],
-                                           out.logits[a, : m + 1]))
-        kept_slots = 1 + accepted
-        batch.target_cache.commit_last(steps, kept_slots, [1 + m for m in accepted_host])
+        if steps == 1 and tau is None:  # nothing to verify: a plain decoding step
+            out, accepted_host, next_token, valid = self._plain_round(batch, histories, commit, record)
+        else:
+            out, accepted_host, next_token, valid, tau = self._verify_round(batch, histories, commit, record, drafts,
+                                                                            draft_probs, host_len, tau)
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
-            valid = torch.arange(steps, device=inputs.device)[None, :] < kept_slots[:, None]
-            batch.pending.append((out.features, valid, [1 + m for m in accepted_host]))
+            batch.queue(out.features, valid, [1 + m for m in accepted_host])
             if record.drafted or batch.pending_slots() >= self.max_pending:
                 batch.flush(self.drafter, self.takes_counts)
-            self.policy.observe(batch.rows, torch.tensor(host_len, dtype=torch.long),
-                                torch.tensor(accepted_host, dtype=torch.long))
+            self.policy.observe(batch.rows, host_len, accepted_host)
             if record.drafted:
                 record.schedule = self.policy.schedule(tau)
-        batch.anchor = result.next_token
+        batch.anchor = next_token
         record.verify_len, record.accepted = host_len, accepted_host
         finished = time.perf_counter()
         record.verify_seconds = finished - drafted
@@ -235,6 +253,60 @@ class RoundKernel:
         for observer in self.observers:
             observer.on_round(record)
         return record
+
+    def _plain_round(self, batch: RoundBatch, histories, commit: CommitFn, record: RoundRecord):
+        """A round without drafts: the anchors alone through the target, the next tokens picked from the processed
+        scores as plain decoding picks them (what verifying zero drafts gives), one download, every slot kept.
+        Returns (the forward's output, accepted drafts `[0] * A`, next tokens `[A]`, kept slots `[A, 1]`)."""
+        rows, inputs = len(batch.rows), batch.anchor[:, None]
+        valid = torch.ones(rows, 1, dtype=torch.bool, device=inputs.device)
+        out = batch.target_cache.forward(self.target, inputs, valid, self.taps, packs=self.packs,
+                                         host_input_counts=[1] * rows)
+        scores = out.logits
+        if not self.processors.is_empty:
+            counts = torch.ones(rows, dtype=torch.long, device=inputs.device)
+            scores = self.processors.apply_positions(batch.rows, histories, inputs[:, :0], scores, counts)
+        last = scores[:, 0]
+        if self.do_sample:  # `verify_sampling` without drafts: a draw from the target's distribution
+            next_token = torch.multinomial(torch.softmax(last, dim=-1), 1).squeeze(1)
+        else:
+            next_token = last.argmax(dim=-1)
+        record.committed = list(commit([[token] for token in download(next_token)], scores, out.logits))
+        batch.target_cache.commit_every(1)
+        return out, [0] * rows, next_token, valid
+
+    def _verify_round(self, batch: RoundBatch, histories, commit: CommitFn, record: RoundRecord, drafts, draft_probs,
+                      host_len: list[int], tau):
+        """A round that verifies drafts: one ragged target forward, verification, one download, commit. Returns
+        (the forward's output, accepted drafts per row, next tokens `[A]`, kept slots `[A, T]`, τ̂ read back)."""
+        steps = 1 + max(host_len, default=0)
+        drafts = drafts[:, : steps - 1]
+        device = batch.anchor.device
+        uniform = min(host_len, default=0) == steps - 1  # every row verifies all its drafts: no per-row budget to mask
+        unmasked = uniform and not self.do_sample  # greedy verification then needs no ℓ tensor
+        verify_len = None if unmasked and self.processors.is_empty else upload(host_len, device)
+        inputs = torch.cat([batch.anchor[:, None], drafts], dim=1)
+        if uniform:
+            input_valid = torch.ones(inputs.shape, dtype=torch.bool, device=device)
+        else:
+            input_valid = torch.arange(steps, device=device)[None, :] <= verify_len[:, None]
+        out = batch.target_cache.forward(self.target, inputs, input_valid, self.taps, packs=self.packs,
+                                         host_input_counts=[1 + n for n in host_len])
+        scores = out.logits
+        if not self.processors.is_empty:
+            scores = self.processors.apply_positions(batch.rows, histories, drafts, scores, verify_len + 1)
+        result = self._verify(drafts, draft_probs, scores, None if unmasked else verify_len, steps)
+        accepted_host, next_host, drafts_host, tau = self._download(result.num_accepted, result.next_token, drafts,
+                                                                    tau)
+        tokens = [[*row_drafts[:m], next_token] for m, next_token, row_drafts in
+                  zip(accepted_host, next_host, drafts_host)]
+        record.committed = list(commit(tokens, scores, out.logits))
+        if min(accepted_host, default=0) == steps - 1:  # every row kept every slot (so its ℓ was the longest)
+            batch.target_cache.commit_every(steps)
+            valid = input_valid
+        else:
+            valid = batch.target_cache.commit_last(steps, 1 + result.num_accepted, [1 + m for m in accepted_host])
+        return out, accepted_host, result.next_token, valid, tau
 
     @staticmethod
     def _download(accepted, next_token, drafts, tau):
@@ -260,7 +332,7 @@ class RoundKernel:
         host_index = plan.rows.tolist() if plan.rows is not None and plan.rows.numel() < rows else None
         index = None if host_index is None else upload(host_index, device)
         sub_rows = batch.rows if index is None else [batch.rows[i] for i in host_index]
-        sub_hist = list(histories) if index is None else [histories[i] for i in host_index]
+        sub_hist = histories if index is None else _Picked(histories, host_index)
         cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(
             torch.tensor(host_index, dtype=torch.long))
         anchor = batch.anchor if index is None else batch.anchor.index_select(0, index)
@@ -270,13 +342,13 @@ class RoundKernel:
         )
         chosen_at = time.perf_counter()
         sub_cap = cap if index is None else [cap[i] for i in host_index]
-        sub_len = self.policy(proposal, sub_cap).tolist()
-        tau = self.policy.expected_tokens_tensor(upload(sub_len, proposal.draft_ids.device))
+        sub_len = self.policy.choose(proposal, sub_cap)
+        tau = self.policy.expected_tokens_tensor(sub_len)
         record.policy_seconds = time.perf_counter() - chosen_at
         record.draft_seconds = chosen_at - proposed_at
         record.drafted = len(sub_rows)
-        logits = proposal.confidence_logits
-        if logits is None and proposal.confidence is not None:  # drafters that only give calibrated c_k
+        logits = proposal.confidence_logits if self.wants_confidence else None
+        if logits is None and proposal.confidence is not None and self.wants_confidence:  # calibrated c_k only
             logits = torch.logit(proposal.confidence.float().clamp(1e-6, 1 - 1e-6))
         if logits is not None:
             record.confidence_logits = _scatter(logits, index, rows, float("nan"))

@@ -194,11 +194,17 @@ class StaticTargetCache:
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1)[:, :steps] if tap_indices else None
         return VerifyOutput(out.logits[:, :steps].float(), features)
 
-    def commit_last(self, steps: int, kept: torch.Tensor, host_kept=None) -> None:
+    def commit_last(self, steps: int, kept: torch.Tensor, host_kept=None) -> torch.Tensor:
         """Row a keeps the first kept[a] slots of the last forward: its write offset moves by kept[a] (`host_kept`:
-        unused, no compaction to decide)."""
+        unused, no compaction to decide). Returns the kept slots `[A, steps]` (bool)."""
         self.offset = self.offset + kept
         self.next_position = self.next_position + kept
+        return torch.arange(steps, device=kept.device)[None, :] < kept[:, None]
+
+    def commit_every(self, steps: int) -> None:
+        """Every row keeps all `steps` slots of the last forward (a plain decoding step)."""
+        self.offset = self.offset + steps
+        self.next_position = self.next_position + steps
 
     def select_rows(self, rows: torch.Tensor, host_rows=None) -> None:
         """Keep only `rows` (indices into the current active set); each layer indexes on its own device

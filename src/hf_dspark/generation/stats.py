@@ -86,6 +86,11 @@ class DSparkGenerationStats:
     drafted_rows: list[int] = field(default_factory=list)
     probes: int = 0
 
+    @property
+    def wants_confidence_logits(self) -> bool:
+        """Round observer option: the rounds' confidence logits are kept only when recording them."""
+        return self.record_confidence
+
     def on_round(self, record: RoundRecord) -> None:
         """Round observer: file one `RoundRecord`."""
         logits = record.confidence_logits

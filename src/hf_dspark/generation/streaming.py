@@ -16,7 +16,7 @@ class CommitStreamer:
 
     Args:
         streamer: a transformers `BaseStreamer` (or None: every call is a no-op).
-        rows: the call's `RowState` (histories, `prompt_width`, `finished`, `pad_token_id`).
+        rows: the call's `RowState` (histories, `lengths`, `prompt_width`, `finished`, `pad_token_id`).
     """
 
     def __init__(self, streamer, rows) -> None:
@@ -25,14 +25,15 @@ class CommitStreamer:
         self.sent = 0  # generated steps already handed over
 
     def _generated(self, row: int) -> int:
-        return int(self.rows.histories[row].shape[0]) - self.rows.prompt_width
+        return self.rows.lengths[row] - self.rows.prompt_width
 
     def _put_steps(self, ready: int) -> None:
         width = self.rows.prompt_width
+        histories = self.rows.histories if ready > self.sent else []
         for step in range(self.sent, ready):
             tokens = [
                 int(history[width + step]) if width + step < history.shape[0] else self.rows.pad_token_id
-                for history in self.rows.histories
+                for history in histories
             ]
             self.streamer.put(torch.tensor(tokens))
         self.sent = max(self.sent, ready)
@@ -41,22 +42,22 @@ class CommitStreamer:
         """Hand over what every row has committed so far (call after each commit round)."""
         if self.streamer is None:
             return
-        if len(self.rows.histories) == 1:
-            history = self.rows.histories[0]
-            new = history[self.rows.prompt_width + self.sent :]
+        rows = range(len(self.rows.lengths))
+        if len(rows) == 1:
+            new = self.rows.history(0)[self.rows.prompt_width + self.sent :]
             if new.numel():
                 self.streamer.put(new.cpu())
             self.sent += int(new.numel())
             return
-        pending = [self._generated(r) for r in range(len(self.rows.histories)) if not self.rows.finished[r]]
-        self._put_steps(min(pending) if pending else max(self._generated(r) for r in range(len(self.rows.histories))))
+        pending = [self._generated(r) for r in rows if not self.rows.finished[r]]
+        self._put_steps(min(pending) if pending else max(self._generated(r) for r in rows))
 
     def end(self) -> None:
         """Hand over the rest and close the stream."""
         if self.streamer is None:
             return
-        if len(self.rows.histories) > 1:
-            self._put_steps(max(self._generated(r) for r in range(len(self.rows.histories))))
+        if len(self.rows.lengths) > 1:
+            self._put_steps(max(self._generated(r) for r in range(len(self.rows.lengths))))
         else:
             self.flush()
         self.streamer.end()

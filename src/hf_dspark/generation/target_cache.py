@@ -187,9 +187,9 @@ class RaggedTargetCache:
         then runs without a mask (transformers' causal path, no device read of the mask)."""
         steps = input_ids.shape[1]
         positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
-        mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()
-        if self._without_holes(steps, host_input_counts):
-            mask = None
+        mask = None  # no hole anywhere: transformers' causal path
+        if not self._without_holes(steps, host_input_counts):
+            mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()
         self.positions = torch.cat([self.positions, positions], dim=1)
         if mask is not None and self.layout is not None and self.layout.needs_masks:
             dtype = model.get_input_embeddings().weight.dtype
@@ -214,11 +214,14 @@ class RaggedTargetCache:
             return False
         if self.layout.needs_masks or self.layout.implementation != "sdpa":
             return False
-        return all(n == self.width for n in self.host_counts) and all(int(n) == steps for n in host_input_counts)
+        # counts never exceed the width / the steps: their minimum tells whether all are full
+        width = self.width
+        return min(self.host_counts, default=width) == width and min(host_input_counts, default=steps) == steps
 
-    def commit_last(self, steps: int, kept: torch.Tensor, host_kept: Sequence[int] | None = None) -> None:
+    def commit_last(self, steps: int, kept: torch.Tensor, host_kept: Sequence[int] | None = None) -> torch.Tensor:
         """The last forward appended `steps` slots; row a keeps the first kept[a] of them (`[A]` on the device;
-        `host_kept`, the same as host ints, keeps the host mirror of the valid counts, None drops it)."""
+        `host_kept`, the same as host ints, keeps the host mirror of the valid counts, None drops it). Returns the
+        kept slots `[A, steps]` (bool)."""
         new = torch.arange(steps, device=kept.device)[None, :] < kept[:, None]
         self.valid[:, -steps:] = new
         self.next_position = self.next_position + kept
@@ -226,6 +229,16 @@ class RaggedTargetCache:
             self.host_counts = None
         else:
             self.host_counts = [have + int(n) for have, n in zip(self.host_counts, host_kept)]
+        self.maybe_compact()
+        return new
+
+    def commit_every(self, steps: int) -> None:
+        """The last forward appended `steps` slots and every row keeps them all (`commit_last` without a device
+        tensor of counts: a plain decoding step)."""
+        self.valid[:, -steps:] = True
+        self.next_position = self.next_position + steps
+        if self.host_counts is not None:
+            self.host_counts = [have + steps for have in self.host_counts]
         self.maybe_compact()
 
     def longest(self) -> int:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
+_NUMPY_INTS = {torch.long: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.uint8: np.uint8}
 HOST = "cpu"  # where host tensors live (the string: `SyncCounter` treats `torch.device("cpu")` as "the device")
 
 
@@ -28,8 +30,13 @@ def download(packed: torch.Tensor) -> list:
 
 
 def upload(values: Sequence[int] | Sequence[Sequence[int]], device: torch.device, dtype=torch.long) -> torch.Tensor:
-    """Host ints on `device` without blocking the host (pinned staging on CUDA)."""
-    host = torch.tensor(values, dtype=dtype)
+    """Host ints on `device` without blocking the host (pinned staging on CUDA). Lists of ints become a tensor
+    through numpy, several times faster than `torch.tensor` on lists of a few hundred ints."""
+    numpy_dtype = _NUMPY_INTS.get(dtype)
+    if numpy_dtype is None:
+        host = torch.tensor(values, dtype=dtype)
+    else:
+        host = torch.from_numpy(np.array(values, numpy_dtype))
     if torch.device(device).type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)

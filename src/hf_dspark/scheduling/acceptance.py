@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from .cost_correction import CostCorrection
@@ -50,7 +51,7 @@ class AcceptanceMemory:
 
     @property
     def observed(self) -> bool:
-        return bool(self.trials[0] > 0)
+        return bool(host_array(self.trials, np.float64)[0] > 0)
 
 
 INFORMED_PRIOR_WEIGHT = 8.0  # pseudo-trials of a measured held-out acceptance in the pool
@@ -68,9 +69,23 @@ def observed_positions(
     verify_len: torch.Tensor, accepted: torch.Tensor, block_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(observed, accepted) bool `[R, γ]`: position j (1-based j = index + 1) is observed iff j ≤ min(m + 1, ℓ)."""
-    positions = torch.arange(1, block_size + 1)[None, :]
-    seen = positions <= torch.minimum(accepted + 1, verify_len)[:, None]
+    seen, kept = _observed_positions(host_array(verify_len, np.int64), host_array(accepted, np.int64), block_size)
+    return torch.from_numpy(seen), torch.from_numpy(kept)
+
+
+def _observed_positions(verify_len: np.ndarray, accepted: np.ndarray, block_size: int) -> tuple[np.ndarray, ...]:
+    """`observed_positions` on host arrays."""
+    positions = np.arange(1, block_size + 1)[None, :]
+    seen = positions <= np.minimum(accepted + 1, verify_len)[:, None]
     return seen, positions <= accepted[:, None]
+
+
+def host_array(values: Any, dtype) -> np.ndarray:
+    """`values` (a tensor, anywhere, or a sequence) as a host numpy array of `dtype` (a CPU tensor is not copied
+    when it has the dtype already)."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=dtype)
 
 
 @dataclass
@@ -98,11 +113,12 @@ class AcceptanceTracker:
     pool_decay: float = 0.95
     idle_decay: float = 0.85
     _slots: dict[Any, int] = field(default_factory=dict, repr=False)
-    _counts: torch.Tensor | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials
+    _counts: np.ndarray | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials (host)
     version: int = field(default=0, repr=False)  # bumped whenever an estimate changes (cached decisions key on it)
     _pool_version: int = field(default=0, repr=False)  # bumped when the pooled counts change
-    _pooled: tuple[int, torch.Tensor] | None = field(default=None, repr=False)
+    _pooled: tuple[int, np.ndarray] | None = field(default=None, repr=False)
     _centres: list[float] = field(default_factory=list, repr=False)  # γ prior rates, clipped (informed prior)
+    _evidence: dict[int, float] = field(default_factory=dict, repr=False)  # slot -> its largest trial count
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0 or not 0.0 <= self.idle_decay <= 1.0:
@@ -116,7 +132,7 @@ class AcceptanceTracker:
             )
         # a prior rate of exactly 0 would never let the position be verified, hence never corrected
         self._centres = [min(max(float(q), PRIOR_CLIP), 1.0 - PRIOR_CLIP) for q in rates]
-        self._counts = torch.zeros(1, 2, self.block_size, dtype=torch.float64)  # slot 0: never observed
+        self._counts = np.zeros((1, 2, self.block_size))  # slot 0: never observed
 
     def observed(self, row: Any) -> bool:
         return row in self._slots
@@ -126,6 +142,10 @@ class AcceptanceTracker:
         of the position before it (`prior` for the first): a position never reached (censored after fully accepted
         prefixes) inherits its predecessor's rate, so good drafts earn long ℓ quickly. With γ prior rates, each
         position shrinks towards its own rate (clipped to [`PRIOR_CLIP`, 1 − `PRIOR_CLIP`])."""
+        return torch.from_numpy(self._host_pooled().copy())
+
+    def _host_pooled(self) -> np.ndarray:
+        """`pooled` as a host array, recomputed only when the pooled counts changed."""
         if self._pooled is not None and self._pooled[0] == self._pool_version:
             return self._pooled[1]
         chained = len(self._centres) == 1
@@ -134,61 +154,110 @@ class AcceptanceTracker:
             centre = previous if chained else self._centres[j]
             previous = (succ + weight * centre) / (trials + weight)
             rates.append(previous)
-        self._pooled = (self._pool_version, torch.tensor(rates, dtype=torch.float64))
+        self._pooled = (self._pool_version, np.array(rates, dtype=np.float64))
         return self._pooled[1]
 
-    def _slot_index(self, rows: list[Any], create: bool) -> torch.Tensor:
+    def _slot_index(self, rows: list[Any], create: bool) -> np.ndarray:
         if create:
             for row in rows:
                 if row not in self._slots:
                     self._slots[row] = len(self._slots) + 1
             needed = len(self._slots) + 1
             if needed > self._counts.shape[0]:
-                grown = self._counts.new_zeros(max(needed, 2 * self._counts.shape[0]), 2, self.block_size)
+                grown = np.zeros((max(needed, 2 * self._counts.shape[0]), 2, self.block_size))
                 grown[: self._counts.shape[0]] = self._counts
                 self._counts = grown
-        return torch.tensor([self._slots.get(row, 0) for row in rows], dtype=torch.long)
+        slots = self._slots
+        return np.array([slots.get(row, 0) for row in rows], dtype=np.int64)
+
+    def host_conditional(self, rows: list[Any]) -> np.ndarray:
+        """`conditional` as a host float64 array (what the planner computes with: numpy's per-call cost is a
+        fraction of torch's on arrays this small)."""
+        counts = self._counts[self._slot_index(rows, create=False)]
+        return (counts[:, 0] + self.prior_weight * self._host_pooled()) / (counts[:, 1] + self.prior_weight)
+
+    def conditional_one(self, row: Any) -> list[float]:
+        """`host_conditional([row])[0]` as Python floats, computed in the same order."""
+        successes, trials = self._counts[self._slots.get(row, 0)].tolist()
+        weight = self.prior_weight
+        return [(s + weight * p) / (t + weight) for s, t, p in zip(successes, trials, self._host_pooled().tolist())]
 
     def conditional(self, rows: list[Any]) -> torch.Tensor:
         """q̂ `[R, γ]` (float64, CPU): each row's conditional acceptance from its own counts and the pooled prior."""
-        counts = self._counts.index_select(0, self._slot_index(rows, create=False))
-        return (counts[:, 0] + self.prior_weight * self.pooled()) / (counts[:, 1] + self.prior_weight)
+        return torch.from_numpy(self.host_conditional(rows))
+
+    def host_survival(self, rows: list[Any]) -> np.ndarray:
+        """`survival` as a host float64 array."""
+        return np.cumprod(self.host_conditional(rows), axis=-1)
 
     def survival(self, rows: list[Any]) -> torch.Tensor:
         """â `[R, γ]` (float64, CPU) for `rows`: the running product of `conditional`."""
-        return self.conditional(rows).cumprod(dim=-1)
+        return torch.from_numpy(self.host_survival(rows))
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor, accepted: torch.Tensor) -> None:
         """Record one round: row i verified `verify_len[i]` drafts and kept `accepted[i]`; rows with ℓ = 0 observe
-        nothing and forget part of their evidence (`idle_decay`)."""
-        verify_len, accepted = verify_len.cpu().long(), accepted.cpu().long()
-        self._relax([row for row, length in zip(rows, verify_len.tolist()) if length == 0])
-        drafted = (verify_len > 0).nonzero().flatten()
-        if not drafted.numel():
+        nothing and forget part of their evidence (`idle_decay`). `verify_len` / `accepted`: `[R]` tensors or host
+        ints."""
+        lengths = verify_len.tolist() if isinstance(verify_len, torch.Tensor) else list(verify_len)
+        idle = [row for row, length in zip(rows, lengths) if length == 0]
+        self._relax(idle)
+        if len(idle) == len(rows):
             return  # a plain-decoding round observes nothing
+        if len(rows) == 1:
+            self._observe_one(rows[0], lengths[0], int(host_array(accepted, np.int64)[0]))
+            return
+        verify_len, accepted = np.array(lengths, dtype=np.int64), host_array(accepted, np.int64)
+        if idle:  # only the drafting rows observe anything (the others' positions are all unobserved)
+            drafted = np.flatnonzero(verify_len > 0)
+            rows, verify_len, accepted = [rows[i] for i in drafted.tolist()], verify_len[drafted], accepted[drafted]
         self.version += 1
         self._pool_version += 1
-        seen, kept = observed_positions(verify_len, accepted, self.block_size)
-        seen_f, kept_f = seen.to(torch.float64), kept.to(torch.float64)
-        slots = self._slot_index([rows[i] for i in drafted.tolist()], create=True)
-        decay = torch.where(seen[drafted], self.decay, 1.0).to(torch.float64)
-        counts = self._counts.index_select(0, slots)
-        counts = counts * decay[:, None, :] + torch.stack([kept_f[drafted], seen_f[drafted]], dim=1)
-        self._counts.index_copy_(0, slots, counts)
-        pool = torch.where(seen.any(dim=0), self.pool_decay, 1.0).to(torch.float64)
-        self.memory.successes = self.memory.successes * pool + kept_f.sum(dim=0)
-        self.memory.trials = self.memory.trials * pool + seen_f.sum(dim=0)
+        seen, kept = _observed_positions(verify_len, accepted, self.block_size)
+        seen_f, kept_f = seen.astype(np.float64), kept.astype(np.float64)
+        slots = self._slot_index(rows, create=True)
+        decay = np.where(seen, self.decay, 1.0)
+        counts = self._counts[slots] * decay[:, None, :] + np.stack([kept_f, seen_f], axis=1)
+        self._counts[slots] = counts
+        self._evidence.update(zip(slots.tolist(), counts[:, 1].max(axis=-1).tolist()))
+        pool = np.where(seen.any(axis=0), self.pool_decay, 1.0)
+        memory = self.memory
+        memory.successes = torch.from_numpy(host_array(memory.successes, np.float64) * pool + kept_f.sum(axis=0))
+        memory.trials = torch.from_numpy(host_array(memory.trials, np.float64) * pool + seen_f.sum(axis=0))
+
+    def _observe_one(self, row: Any, length: int, accepted: int) -> None:
+        """`observe` of a single drafting row on Python floats: the same IEEE operations in the same order as the
+        array path, without its per-call overhead."""
+        self.version += 1
+        self._pool_version += 1
+        slot = int(self._slot_index([row], create=True)[0])
+        reach = min(accepted + 1, length)
+        seen = [j <= reach for j in range(1, self.block_size + 1)]
+        kept = [float(j <= accepted) for j in range(1, self.block_size + 1)]
+        successes, trials = self._counts[slot].tolist()
+        successes = [c * (self.decay if s else 1.0) + k for c, s, k in zip(successes, seen, kept)]
+        trials = [c * (self.decay if s else 1.0) + float(s) for c, s in zip(trials, seen)]
+        self._counts[slot] = (successes, trials)
+        self._evidence[slot] = max(trials)
+        memory, pool = self.memory, [self.pool_decay if s else 1.0 for s in seen]
+        pooled = host_array(memory.successes, np.float64).tolist()
+        memory.successes = torch.tensor([c * d + k for c, d, k in zip(pooled, pool, kept)], dtype=torch.float64)
+        pooled = host_array(memory.trials, np.float64).tolist()
+        memory.trials = torch.tensor([c * d + float(s) for c, d, s in zip(pooled, pool, seen)], dtype=torch.float64)
 
     def _relax(self, idle: list[Any]) -> None:
         """Multiply the counts of observed rows that did not draft by `idle_decay` (their estimates drift back to
-        the pool). Rows never observed have no counts; a change bumps `version` (cached decisions expire)."""
+        the pool). Rows never observed have no counts, and rows whose evidence is already forgotten (every trial
+        count ≤ 1e-3, tracked on the host in `_evidence`) are left alone; a change bumps `version` (cached decisions
+        expire)."""
         if self.idle_decay == 1.0 or not idle:
             return
-        index = self._slot_index(idle, create=False)
-        index = index[self._counts[index, 1].amax(dim=-1) > 1e-3]  # evidence already forgotten: nothing to change
-        if not index.numel():
+        evidence, slots = self._evidence, self._slots
+        live = [slots[row] for row in idle if evidence.get(slots.get(row, 0), 0.0) > 1e-3]
+        if not live:
             return
-        self._counts.index_copy_(0, index, self._counts.index_select(0, index) * self.idle_decay)
+        self._counts[np.array(live, dtype=np.int64)] *= self.idle_decay
+        for slot in live:  # max(c · d) = max(c) · d exactly: the mirror stays exact
+            evidence[slot] *= self.idle_decay
         self.version += 1
 
     def forget(self, rows: list[Any]) -> None:
@@ -197,4 +266,5 @@ class AcceptanceTracker:
             slot = self._slots.pop(row, None)
             if slot is not None:
                 self._counts[slot] = 0.0
+                self._evidence.pop(slot, None)
                 self.version += 1

@@ -27,6 +27,7 @@ class AutoPolicy(BasePolicy):
     `settings.memory` (a `PolicyMemory` the caller owns; None: this call only)."""
 
     needs_step_curve = True
+    observes_host_ints = True
 
     def __init__(self, settings: PolicySettings) -> None:
         super().__init__(settings)
@@ -52,8 +53,9 @@ class AutoPolicy(BasePolicy):
     def plan(self, rows, cap, draft_costs=None):
         keys = acceptance_keys(rows, draft_costs)
         self._keys = (list(rows), keys)
-        for row, key in zip(rows, keys):
-            self._sources.setdefault(row, set()).add(key)
+        if draft_costs is not None or self._sources:  # keys other than the rows themselves (`forget` reads them)
+            for row, key in zip(rows, keys):
+                self._sources.setdefault(row, set()).add(key)
         self._plan = self.planner.plan(keys, cap, draft_costs)
         return self._plan
 

@@ -28,17 +28,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-from .acceptance import AcceptanceMemory, AcceptanceTracker
-from .padded import draft_or_decode, padded_verify_seconds
+from .acceptance import AcceptanceMemory, AcceptanceTracker, host_array
+from .padded import host_draft_or_decode, padded_verify_seconds
 from .records import DraftPlan
 
 if TYPE_CHECKING:
     from ..generation.round import RoundRecord
 
 
-def _priced_rows(chosen: torch.Tensor, shares: torch.Tensor | None) -> int | None:
+def _priced_rows(chosen: np.ndarray, shares: np.ndarray | None) -> int | None:
     """⌈Σ shares⌉ over the chosen rows (`draft_or_decode`'s priced count), None without shares."""
     return None if shares is None else math.ceil(float(shares[chosen].sum()) - 1e-9)
 
@@ -75,7 +76,7 @@ class CostAwarePlanner:
     measured_costs: bool = True
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _last: tuple[Any, tuple[torch.Tensor, int]] | None = field(default=None, repr=False)
+    _last: tuple[Any, tuple[np.ndarray, int]] | None = field(default=None, repr=False)
     _priced: int | None = field(default=None, repr=False)
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
@@ -95,13 +96,20 @@ class CostAwarePlanner:
     def corrected_costs(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(T_verify(rows·(1 + L)) `[γ + 1]`, T_draft(k) `[rows + 1]`) scaled by the measured corrections: column
         L = 0 (plain decoding) by f_plain, drafting rounds (L ≥ 1 and the drafter) by f_drafting."""
+        verify, draft = self._host_costs(rows)
+        return torch.from_numpy(verify), torch.from_numpy(draft)
+
+    def _host_costs(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """`corrected_costs` as float64 host arrays (the uncorrected ones are the cached tables themselves)."""
+        verify = host_array(self.verify_seconds(rows), np.float64)
+        draft = host_array(self.draft_seconds(rows), np.float64)
         if not self.measured_costs:
-            return self.verify_seconds(rows), self.draft_seconds(rows)
+            return verify, draft
         costs = self.tracker.memory.costs
-        verify = self.verify_seconds(rows).clone()
+        verify = verify.copy()
         verify[0] *= costs.plain
         verify[1:] *= costs.drafting
-        return verify, self.draft_seconds(rows) * costs.drafting
+        return verify, draft * costs.drafting
 
     def observe_round(self, record: RoundRecord) -> None:
         """Feed one finished round's wall time (drafter + verification) to the cost correction."""
@@ -109,10 +117,10 @@ class CostAwarePlanner:
         if rows == 0 or not self.measured_costs:
             return
         longest = max(record.verify_len, default=0)
-        predicted = float(self.verify_seconds(rows)[min(longest, self.tracker.block_size)])
+        predicted = float(self.verify_seconds(rows).numpy()[min(longest, self.tracker.block_size)])
         if record.drafted:
             priced = record.drafted if self._priced is None else self._priced
-            predicted += float(self.draft_seconds(rows)[priced])
+            predicted += float(self.draft_seconds(rows).numpy()[priced])
         measured = record.verify_seconds + record.draft_seconds
         costs = self.tracker.memory.costs
         costs.observe(bool(record.drafted), measured, predicted)
@@ -124,7 +132,7 @@ class CostAwarePlanner:
         *measured* cost. The curves price the proposal, not the drafter's update over the context queued while it
         was skipped (up to 64 slots of committed tokens), which a probe pays too; so a planned interval can be
         too short, never lengthened here beyond `max_interval`. (The cold first drafting round is not used.)"""
-        plain = float(self.corrected_costs(rows)[0][0])
+        plain = float(self._host_costs(rows)[0][0])
         wanted = math.ceil((measured - plain) / max(self.probe_budget * plain, 1e-12))
         memory = self.tracker.memory
         memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
@@ -136,31 +144,32 @@ class CostAwarePlanner:
         device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
         1 each; see `draft_or_decode`)."""
         count, gamma = len(rows), self.tracker.block_size
-        cap = cap.detach().cpu() if isinstance(cap, torch.Tensor) else torch.tensor(list(cap), dtype=torch.long)
-        cap = cap.clamp(0, gamma)
-        shares = None if draft_costs is None else draft_costs.detach().cpu().to(torch.float64).clamp(0.0, 1.0)
-        costs = self.corrected_costs(count)
-        chosen, length = self._decide(rows, cap, costs, shares)
+        cap = np.minimum(np.maximum(host_array(cap, np.int64), 0), gamma)  # ufuncs: a fraction of np.clip's cost
+        shares = None if draft_costs is None else np.minimum(np.maximum(host_array(draft_costs, np.float64), 0.0), 1.0)
+        chosen, length = self._decide(rows, cap, shares)
         self._priced = None
         memory = self.tracker.memory
-        if length > 0 or (memory.probe_verdict_due and bool((cap > 0).any())):
+        room = bool(cap.any())  # some row may still draft
+        if length > 0 or (memory.probe_verdict_due and room):
             # The last probe's verdict (not while no row may draft at all), or any evidence that drafts pay.
             memory.futile_probes = 0 if length > 0 else memory.futile_probes + 1
             memory.probe_verdict_due = False
         if length > 0:
             memory.rounds_since_probe = 0
-            drafting = chosen.nonzero().flatten()
+            drafting = np.flatnonzero(chosen)
             forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
             self._priced = _priced_rows(chosen, shares)
             return DraftPlan(
-                rows=drafting, length=length, batch_rows=count, forecast=forecast, priced_rows=self._priced
+                rows=torch.from_numpy(drafting), length=length, batch_rows=count, forecast=forecast,
+                priced_rows=self._priced,
             )
         memory.rounds_since_probe += 1
         due = not memory.observed or memory.rounds_since_probe >= self.probe_wait(memory)
-        if not due or not bool((cap > 0).any()):
+        if not due or not room:
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
-        hopeful = torch.full((count, gamma), self.optimistic, dtype=torch.float64).cumprod(dim=-1)
-        chosen, length = draft_or_decode(self._expected(hopeful, cap), *costs, shares)
+        costs = self._host_costs(count)
+        hopeful = np.cumprod(np.full((count, gamma), self.optimistic), axis=-1)
+        chosen, length = host_draft_or_decode(self._expected(hopeful, cap), *costs, shares)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
             return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
         memory.rounds_since_probe, memory.probe_verdict_due = 0, True
@@ -168,7 +177,8 @@ class CostAwarePlanner:
         priced = int(chosen.sum()) if self._priced is None else self._priced
         memory.probe_interval = self._interval(costs, priced, length)
         return DraftPlan(
-            rows=chosen.nonzero().flatten(), length=length, probe=True, batch_rows=count, priced_rows=self._priced
+            rows=torch.from_numpy(np.flatnonzero(chosen)), length=length, probe=True, batch_rows=count,
+            priced_rows=self._priced,
         )
 
     def probe_wait(self, memory: AcceptanceMemory) -> int:
@@ -177,26 +187,55 @@ class CostAwarePlanner:
         base = max(memory.probe_interval, self.min_interval, 1)
         return int(min(base * 2 ** min(memory.futile_probes, 30), max(self.max_interval, self.min_interval)))
 
-    def _decide(self, rows: list[Any], cap: torch.Tensor, costs, shares=None) -> tuple[torch.Tensor, int]:
+    def _decide(self, rows: list[Any], cap: np.ndarray, shares=None) -> tuple[np.ndarray, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
         run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
         until their own evidence has faded)."""
         memory = self.tracker.memory
-        key = (tuple(rows), tuple(cap.tolist()), self.tracker.version, memory.trials.sum().item(), memory.costs.key())
-        key += (None if shares is None else tuple(shares.tolist()),)
+        trials = float(host_array(memory.trials, np.float64).sum())
+        key = (tuple(rows), cap.tobytes(), self.tracker.version, trials, memory.costs.key())
+        key += (None if shares is None else shares.tobytes(),)
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        decision = draft_or_decode(self._expected(self.tracker.survival(rows), cap), *costs, shares)
+        if len(rows) == 1:
+            decision = self._decide_one(rows[0], int(cap[0]), None if shares is None else float(shares[0]))
+        else:
+            costs = self._host_costs(len(rows))
+            decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
         self._last = (key, decision)
         return decision
 
+    def _decide_one(self, row: Any, cap: int, share: float | None) -> tuple[np.ndarray, int]:
+        """`_decide`'s `draft_or_decode` for a single row, on Python floats: the same IEEE operations in the same
+        order as the array path (a batch-1 round then pays no per-call array overhead)."""
+        conditional = self.tracker.conditional_one(row)
+        verify, draft = self.verify_seconds(1).tolist(), float(self.draft_seconds(1)[1])
+        if self.measured_costs:
+            costs = self.tracker.memory.costs
+            plain, drafting = costs.plain, costs.drafting
+            verify = [verify[0] * plain] + [seconds * drafting for seconds in verify[1:]]
+            draft *= drafting
+        if share is not None:  # T_draft(⌈share⌉): nothing when the row is free
+            priced = min(max(math.ceil(share - 1e-9), 0), 1)
+            draft = draft if priced > 0 else 0.0
+        survival, gains, best, best_length = 1.0, 0.0, None, 0
+        for length, q in enumerate(conditional, start=1):
+            survival *= q
+            gains += survival * (1.0 if length <= cap else 0.0)
+            theta = (1 + max((1.0 + gains) - 1.0, 0.0)) / (verify[length] + draft)
+            if best is None or theta > best:  # the first of equal maxima, as argmax
+                best, best_length = theta, length
+        if best is None or best <= 1 / verify[0]:
+            return np.zeros(1, dtype=bool), 0
+        return np.ones(1, dtype=bool), best_length
+
     @staticmethod
-    def _expected(survival: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
-        """E_r(L) = 1 + Σ_{j≤min(L, cap_r)} â_{r,j}, `[R, γ + 1]`."""
-        gamma = survival.shape[1]
-        allowed = torch.arange(1, gamma + 1)[None, :] <= cap[:, None]
-        gains = (survival * allowed).cumsum(dim=-1)
-        return torch.cat([torch.ones(survival.shape[0], 1, dtype=gains.dtype), 1.0 + gains], dim=1)
+    def _expected(survival: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        """E_r(L) = 1 + Σ_{j≤min(L, cap_r)} â_{r,j}, `[R, γ + 1]` (host arrays)."""
+        rows, gamma = survival.shape
+        allowed = np.arange(1, gamma + 1)[None, :] <= cap[:, None]
+        gains = np.cumsum(survival * allowed, axis=-1)
+        return np.concatenate([np.ones((rows, 1)), 1.0 + gains], axis=1)
 
     def _interval(self, costs: tuple[torch.Tensor, torch.Tensor], drafting: int, length: int) -> int:
         """Rounds until the next probe so that probes cost ≤ probe_budget of the time (corrected `costs`)."""

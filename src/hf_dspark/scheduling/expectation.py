@@ -12,6 +12,11 @@ def expected_tokens(survival: torch.Tensor, verify_len: torch.Tensor) -> torch.T
     return (1.0 + (survival.to(torch.float64) * admitted).sum(dim=-1)).sum()
 
 
+def uniform_expected_tokens(survival: torch.Tensor, length: int) -> torch.Tensor:
+    """`expected_tokens` when every row verifies `length` drafts: the same sum without a mask (float64 scalar)."""
+    return (1.0 + survival[:, :length].to(torch.float64).sum(dim=-1)).sum()
+
+
 def expected_throughput(survival: torch.Tensor, verify_len: torch.Tensor, step_curve) -> torch.Tensor:
     """Eq. Θ̂ = τ̂·SPS(B), B = Σ_r (1 + ℓ_r). survival `[R, γ]`, verify_len `[R]` -> float64 scalar tensor."""
     batch_tokens = (1 + verify_len.to(torch.long)).sum()

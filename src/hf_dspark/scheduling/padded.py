@@ -26,9 +26,11 @@ import itertools
 import operator
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from ..step_curve import StepCurve, check_survival
+from .acceptance import host_array
 from .base import BasePolicy, require_survival
 
 
@@ -99,28 +101,44 @@ def draft_or_decode(
     Returns (drafting: bool `[R]`, L). Every input must come from earlier rounds (lagged estimates) or the
     committed context, never from this round's drafts: the decision is then lossless like a fixed ℓ.
     """
+    host = [None if values is None else host_array(values, np.float64)
+            for values in (expected_tokens, verify_seconds, draft_seconds, row_costs)]
+    chosen, length = host_draft_or_decode(*host)
+    return torch.from_numpy(chosen), length
+
+
+def host_draft_or_decode(
+    expected_tokens: np.ndarray,
+    verify_seconds: np.ndarray,
+    draft_seconds: np.ndarray | None = None,
+    row_costs: np.ndarray | None = None,
+) -> tuple[np.ndarray, int]:
+    """`draft_or_decode` on float64 host arrays (what the "auto" planner calls every round: numpy's per-call cost
+    is a fraction of torch's on arrays this small); returns (drafting: bool `[R]` array, L)."""
     rows, width = expected_tokens.shape
     gamma = width - 1
-    chosen = torch.zeros(rows, dtype=torch.bool)
+    chosen = np.zeros(rows, dtype=bool)
     if rows == 0 or gamma == 0:
         return chosen, 0
-    extra = (expected_tokens[:, 1:].to(torch.float64) - 1.0).clamp_min(0.0)  # [R, γ]
-    if row_costs is None:
-        ranked, order = torch.sort(extra, dim=0, descending=True, stable=True)
+    extra = np.maximum(expected_tokens[:, 1:] - 1.0, 0.0)  # [R, γ]
+    if rows == 1:  # nothing to rank
+        order = np.zeros((1, gamma), dtype=np.int64)
+    elif row_costs is None:  # descending and stable: equal gains keep the row order
+        order = np.argsort(-extra, axis=0, kind="stable")
     else:  # cheaper rows first among equal gains
-        cheap_first = torch.sort(row_costs, stable=True).indices
-        ranked, within = torch.sort(extra[cheap_first], dim=0, descending=True, stable=True)
-        order = cheap_first[within]
-    gained = rows + ranked.cumsum(dim=0)  # [k = 1..R, L = 1..γ]
+        cheap_first = np.argsort(row_costs, kind="stable")
+        order = cheap_first[np.argsort(-extra[cheap_first], axis=0, kind="stable")]
+    ranked = extra if rows == 1 else extra[order, np.arange(gamma)]
+    gained = rows + np.cumsum(ranked, axis=0)  # [k = 1..R, L = 1..γ]
     drafting = 0.0
     if draft_seconds is not None and row_costs is None:
         drafting = draft_seconds[1 : rows + 1, None]
     elif draft_seconds is not None:  # T_draft(⌈Σ_{top-k} shares⌉), 0 when no priced row drafts
-        priced = row_costs.to(torch.float64)[order].cumsum(dim=0).sub(1e-9).ceil().clamp(0, rows).long()
-        drafting = torch.where(priced > 0, draft_seconds[priced], 0.0)
+        priced = np.clip(np.ceil(np.cumsum(row_costs[order], axis=0) - 1e-9), 0, rows).astype(np.int64)
+        drafting = np.where(priced > 0, draft_seconds[priced], 0.0)
     theta = gained / (verify_seconds[None, 1:] + drafting)
-    best = int(torch.argmax(theta))
-    if float(theta.view(-1)[best]) <= rows / float(verify_seconds[0]):
+    best = int(np.argmax(theta))
+    if float(theta.flat[best]) <= rows / float(verify_seconds[0]):
         return chosen, 0
     count, length = best // gamma + 1, best % gamma + 1
     chosen[order[:count, length - 1]] = True
