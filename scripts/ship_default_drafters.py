@@ -202,7 +202,7 @@ def device_train_stage(
     record = results["arms"].get(arm)
     if record is None or not record.get("weights"):
         raise SystemExit(f"{results_path} has no trained arm {arm!r} (arms: {sorted(results['arms'])})")
-    steps, batch, lr = record["planned_steps"], record["batch"], record["learning_rate"]
+    steps, batch, lr = record["steps"], record["batch"], record["learning_rate"]
     device = results["provenance"]["device_name"]
     earlier = [text for text in EARLIER_STAGES if int(text.split(":")[0][1:]) < int(stage[1:])]
     previous = earlier[-1].split(":")[0] if earlier else "scratch"
