@@ -115,6 +115,7 @@ class AcceptanceTracker:
     _slots: dict[Any, int] = field(default_factory=dict, repr=False)
     _counts: np.ndarray | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials (host)
     version: int = field(default=0, repr=False)  # bumped whenever an estimate changes (cached decisions key on it)
+    relaxations: int = field(default=0, repr=False)  # the bumps of `version` that were idle decays (`_relax`)
     _pool_version: int = field(default=0, repr=False)  # bumped when the pooled counts change
     _pooled: tuple[int, np.ndarray] | None = field(default=None, repr=False)
     _centres: list[float] = field(default_factory=list, repr=False)  # γ prior rates, clipped (informed prior)
@@ -175,6 +176,14 @@ class AcceptanceTracker:
         fraction of torch's on arrays this small)."""
         counts = self._counts[self._slot_index(rows, create=False)]
         return (counts[:, 0] + self.prior_weight * self._host_pooled()) / (counts[:, 1] + self.prior_weight)
+
+    def idle_ceiling(self, rows: list[Any]) -> np.ndarray:
+        """An upper bound `[R, γ]` on every value `host_conditional(rows)` can take from now on through idle decays
+        alone (no observation, no `forget`). A decay scales a row's successes s and trials t alike, and
+        q̂ = (s·x + w·q_pool) / (t·x + w) is monotone in the scale x (the sign of its derivative is that of
+        s − t·q_pool), so as x shrinks q̂ moves from its current value towards q_pool and never beyond either:
+        the bound is the larger of the two, raised by a relative 1e-9 that covers the rounding of decayed counts."""
+        return np.maximum(self.host_conditional(rows), self._host_pooled()) * (1.0 + 1e-9)
 
     def conditional_one(self, row: Any) -> list[float]:
         """`host_conditional([row])[0]` as Python floats, computed in the same order."""
@@ -259,6 +268,7 @@ class AcceptanceTracker:
         for slot in live:  # max(c · d) = max(c) · d exactly: the mirror stays exact
             evidence[slot] *= self.idle_decay
         self.version += 1
+        self.relaxations += 1
 
     def forget(self, rows: list[Any]) -> None:
         """Rows that left: their slots are cleared (and not reused; a few bytes per request)."""

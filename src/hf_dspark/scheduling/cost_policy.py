@@ -78,6 +78,7 @@ class CostAwarePlanner:
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     _last: tuple[Any, tuple[np.ndarray, int]] | None = field(default=None, repr=False)
     _priced: int | None = field(default=None, repr=False)
+    _plain_floor: tuple[Any, float] | None = field(default=None, repr=False)  # (evidence key, cost ratio)
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
         """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
@@ -190,20 +191,47 @@ class CostAwarePlanner:
     def _decide(self, rows: list[Any], cap: np.ndarray, shares=None) -> tuple[np.ndarray, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
         run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
-        until their own evidence has faded)."""
-        memory = self.tracker.memory
+        until their own evidence has faded). A plain decision also stands, without recomputing it, through idle
+        decays that cannot overturn it: while the cost ratio stays at or above `_plain_floor_ratio`'s bound."""
+        tracker, memory = self.tracker, self.tracker.memory
         trials = float(host_array(memory.trials, np.float64).sum())
-        key = (tuple(rows), cap.tobytes(), self.tracker.version, trials, memory.costs.key())
-        key += (None if shares is None else shares.tobytes(),)
+        evidence = (tuple(rows), cap.tobytes(), tracker.version - tracker.relaxations, trials)
+        evidence += (None if shares is None else shares.tobytes(),)
+        key = (*evidence, tracker.version, memory.costs.key())
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        if len(rows) == 1:
+        floor = self._plain_floor
+        if floor is not None and floor[0] == evidence and self._cost_ratio() >= floor[1]:
+            decision = (np.zeros(len(rows), dtype=bool), 0)  # what recomputing gives (`_plain_floor_ratio`)
+        elif len(rows) == 1:
             decision = self._decide_one(rows[0], int(cap[0]), None if shares is None else float(shares[0]))
         else:
             costs = self._host_costs(len(rows))
             decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
         self._last = (key, decision)
+        if decision[1] == 0 and shares is None and (floor is None or floor[0] != evidence):
+            self._plain_floor = (evidence, self._plain_floor_ratio(rows, cap))
         return decision
+
+    def _cost_ratio(self) -> float:
+        """f_drafting / f_plain, the correction's factor on drafting rounds' cost against plain rounds' (1 without
+        measured costs)."""
+        costs = self.tracker.memory.costs
+        return costs.drafting / costs.plain if self.measured_costs else 1.0
+
+    def _plain_floor_ratio(self, rows: list[Any], cap: np.ndarray) -> float:
+        """The cost ratio (`_cost_ratio`) from which on plain decoding wins for `rows` at every estimate idle decays
+        alone can reach (`AcceptanceTracker.idle_ceiling`). Θ(k, L) ≤ Θ(0, 0) ⟺ (R + Σ_{top-k} gains(L)) ·
+        T_v(0) / (R · (T_v(L) + T_d(k))) ≤ f_drafting / f_plain on the uncorrected curves, and every Θ(k, L)
+        grows with the estimates: the bound is the largest left side at the ceiling, raised by a relative 1e-9
+        that covers the rounding of either evaluation (shares: not bounded here)."""
+        count = len(rows)
+        survival = np.cumprod(self.tracker.idle_ceiling(rows), axis=-1)
+        extra = self._expected(survival, cap)[:, 1:] - 1.0  # [R, γ]
+        gained = count + np.cumsum(-np.sort(-extra, axis=0), axis=0)  # [k, L]: the top-k rows' gains
+        verify = host_array(self.verify_seconds(count), np.float64)
+        draft = host_array(self.draft_seconds(count), np.float64)[1:, None]
+        return float((gained * verify[0] / (count * (verify[None, 1:] + draft))).max()) * (1.0 + 1e-9)
 
     def _decide_one(self, row: Any, cap: int, share: float | None) -> tuple[np.ndarray, int]:
         """`_decide`'s `draft_or_decode` for a single row, on Python floats: the same IEEE operations in the same
