@@ -76,7 +76,8 @@ class CostAwarePlanner:
     measured_costs: bool = True
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _last: tuple[Any, tuple[np.ndarray, int]] | None = field(default=None, repr=False)
+    # (key, decision, the rows' conditional estimates `[R, γ]` it was computed from or None)
+    _last: tuple[Any, tuple[np.ndarray, int], np.ndarray | None] | None = field(default=None, repr=False)
     _priced: int | None = field(default=None, repr=False)
     _plain_floor: tuple[Any, float] | None = field(default=None, repr=False)  # (evidence key, cost ratio)
 
@@ -158,7 +159,8 @@ class CostAwarePlanner:
         if length > 0:
             memory.rounds_since_probe = 0
             drafting = np.flatnonzero(chosen)
-            forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
+            estimates = self._last[2]  # the decision's own: a drafting plan was computed afresh or cached with them
+            forecast = torch.from_numpy(estimates[drafting])
             self._priced = _priced_rows(chosen, shares)
             return DraftPlan(
                 rows=torch.from_numpy(drafting), length=length, batch_rows=count, forecast=forecast,
@@ -200,15 +202,19 @@ class CostAwarePlanner:
         key = (*evidence, tracker.version, memory.costs.key())
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        floor = self._plain_floor
+        floor, estimates = self._plain_floor, None
         if floor is not None and floor[0] == evidence and self._cost_ratio() >= floor[1]:
             decision = (np.zeros(len(rows), dtype=bool), 0)  # what recomputing gives (`_plain_floor_ratio`)
         elif len(rows) == 1:
-            decision = self._decide_one(rows[0], int(cap[0]), None if shares is None else float(shares[0]))
+            conditional = tracker.conditional_one(rows[0])
+            share = None if shares is None else float(shares[0])
+            decision = self._decide_one(rows[0], int(cap[0]), share, conditional)
+            estimates = np.array([conditional], dtype=np.float64)  # bit for bit `host_conditional(rows)`
         else:
-            costs = self._host_costs(len(rows))
-            decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
-        self._last = (key, decision)
+            estimates = tracker.host_conditional(rows)
+            survival = np.cumprod(estimates, axis=-1)  # `host_survival(rows)`
+            decision = host_draft_or_decode(self._expected(survival, cap), *self._host_costs(len(rows)), shares)
+        self._last = (key, decision, estimates)
         if decision[1] == 0 and shares is None and (floor is None or floor[0] != evidence):
             self._plain_floor = (evidence, self._plain_floor_ratio(rows, cap))
         return decision
@@ -233,10 +239,14 @@ class CostAwarePlanner:
         draft = host_array(self.draft_seconds(count), np.float64)[1:, None]
         return float((gained * verify[0] / (count * (verify[None, 1:] + draft))).max()) * (1.0 + 1e-9)
 
-    def _decide_one(self, row: Any, cap: int, share: float | None) -> tuple[np.ndarray, int]:
+    def _decide_one(
+        self, row: Any, cap: int, share: float | None, conditional: list[float] | None = None
+    ) -> tuple[np.ndarray, int]:
         """`_decide`'s `draft_or_decode` for a single row, on Python floats: the same IEEE operations in the same
-        order as the array path (a batch-1 round then pays no per-call array overhead)."""
-        conditional = self.tracker.conditional_one(row)
+        order as the array path (a batch-1 round then pays no per-call array overhead). conditional: the row's
+        `conditional_one`, when the caller has it."""
+        if conditional is None:
+            conditional = self.tracker.conditional_one(row)
         verify, draft = self.verify_seconds(1).tolist(), float(self.draft_seconds(1)[1])
         if self.measured_costs:
             costs = self.tracker.memory.costs
