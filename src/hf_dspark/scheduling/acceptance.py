@@ -264,7 +264,10 @@ class AcceptanceTracker:
         live = [slots[row] for row in idle if evidence.get(slots.get(row, 0), 0.0) > 1e-3]
         if not live:
             return
-        self._counts[np.array(live, dtype=np.int64)] *= self.idle_decay
+        if len(live) == 1:  # one row (batch 1): a view, the same products without a gather and a scatter
+            self._counts[live[0]] *= self.idle_decay
+        else:
+            self._counts[np.array(live, dtype=np.int64)] *= self.idle_decay
         for slot in live:  # max(c · d) = max(c) · d exactly: the mirror stays exact
             evidence[slot] *= self.idle_decay
         self.version += 1
