@@ -120,6 +120,7 @@ class AcceptanceTracker:
     _pooled: tuple[int, np.ndarray] | None = field(default=None, repr=False)
     _centres: list[float] = field(default_factory=list, repr=False)  # γ prior rates, clipped (informed prior)
     _evidence: dict[int, float] = field(default_factory=dict, repr=False)  # slot -> its largest trial count
+    _last_slots: tuple[list[Any], np.ndarray] | None = field(default=None, repr=False)  # rows -> their slots
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0 or not 0.0 <= self.idle_decay <= 1.0:
@@ -159,17 +160,25 @@ class AcceptanceTracker:
         return self._pooled[1]
 
     def _slot_index(self, rows: list[Any], create: bool) -> np.ndarray:
+        """Each row's slot in `_counts` (0: never observed; `create` gives new rows one). The last answer is kept
+        for the same rows until a slot is added or cleared (a round plans and observes the same rows: one look-up
+        per row, not two). The array is read-only to callers."""
+        cached = self._last_slots
+        if cached is not None and cached[0] == rows and (not create or cached[1].all()):
+            return cached[1]
+        slots = self._slots
         if create:
             for row in rows:
-                if row not in self._slots:
-                    self._slots[row] = len(self._slots) + 1
-            needed = len(self._slots) + 1
+                if row not in slots:
+                    slots[row] = len(slots) + 1
+            needed = len(slots) + 1
             if needed > self._counts.shape[0]:
                 grown = np.zeros((max(needed, 2 * self._counts.shape[0]), 2, self.block_size))
                 grown[: self._counts.shape[0]] = self._counts
                 self._counts = grown
-        slots = self._slots
-        return np.array([slots.get(row, 0) for row in rows], dtype=np.int64)
+        index = np.array([slots.get(row, 0) for row in rows], dtype=np.int64)
+        self._last_slots = (list(rows), index)
+        return index
 
     def host_conditional(self, rows: list[Any]) -> np.ndarray:
         """`conditional` as a host float64 array (what the planner computes with: numpy's per-call cost is a
@@ -208,7 +217,7 @@ class AcceptanceTracker:
         nothing and forget part of their evidence (`idle_decay`). `verify_len` / `accepted`: `[R]` tensors or host
         ints."""
         lengths = verify_len.tolist() if isinstance(verify_len, torch.Tensor) else list(verify_len)
-        idle = [row for row, length in zip(rows, lengths) if length == 0]
+        idle = [row for row, length in zip(rows, lengths) if length == 0] if 0 in lengths else []
         self._relax(idle)
         if len(idle) == len(rows):
             return  # a plain-decoding round observes nothing
@@ -275,6 +284,7 @@ class AcceptanceTracker:
 
     def forget(self, rows: list[Any]) -> None:
         """Rows that left: their slots are cleared (and not reused; a few bytes per request)."""
+        self._last_slots = None
         for row in rows:
             slot = self._slots.pop(row, None)
             if slot is not None:
