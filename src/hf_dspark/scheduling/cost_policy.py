@@ -80,6 +80,7 @@ class CostAwarePlanner:
     _last: tuple[Any, tuple[np.ndarray, int], np.ndarray | None] | None = field(default=None, repr=False)
     _priced: int | None = field(default=None, repr=False)
     _plain_floor: tuple[Any, float] | None = field(default=None, repr=False)  # (evidence key, cost ratio)
+    _host_tables: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
         """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
@@ -102,9 +103,14 @@ class CostAwarePlanner:
         return torch.from_numpy(verify), torch.from_numpy(draft)
 
     def _host_costs(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """`corrected_costs` as float64 host arrays (the uncorrected ones are the cached tables themselves)."""
-        verify = host_array(self.verify_seconds(rows), np.float64)
-        draft = host_array(self.draft_seconds(rows), np.float64)
+        """`corrected_costs` as float64 host arrays (the uncorrected ones are cached host copies of the tables, one
+        pair per row count: read-only to callers)."""
+        tables = self._host_tables.get(rows)
+        if tables is None:
+            tables = (host_array(self.verify_seconds(rows), np.float64).copy(),
+                      host_array(self.draft_seconds(rows), np.float64).copy())
+            self._host_tables[rows] = tables
+        verify, draft = tables
         if not self.measured_costs:
             return verify, draft
         costs = self.tracker.memory.costs
