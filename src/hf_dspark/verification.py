@@ -23,7 +23,7 @@ class VerificationResult:
 
 def _leading_true(mask: torch.Tensor) -> torch.Tensor:
     """Count of leading True values per row: `[R, γ]` bool -> `[R]` long."""
-    return mask.to(torch.long).cumprod(dim=-1).sum(dim=-1)
+    return mask.cumprod(dim=-1, dtype=torch.long).sum(dim=-1)  # the cast inside the scan: one op fewer
 
 
 def _in_budget(mask: torch.Tensor, verify_len: torch.Tensor | None) -> torch.Tensor:

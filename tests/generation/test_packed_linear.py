@@ -149,6 +149,28 @@ def test_greedy_generate_with_packed_weights_matches_plain_generate(batch, draft
         assert drafter.last_generation_stats.packed_weights is setting
 
 
+def test_generate_installs_the_packed_forwards_once_for_all_its_rounds():
+    """Between two verification forwards (the drafter's turn) the packed forwards stay on the layers, and the call
+    leaves every layer with its own forward."""
+    target = make_target("llama", seed=11)
+    ids, mask = ragged_prompts(2, seed=21)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
+    drafter = oracle_for(target, 4, reference, mask)
+    layers = [m for m in target.modules() if type(m) is torch.nn.Linear]
+    installed, propose = [], drafter.propose
+
+    def spy(*args, **kwargs):
+        installed.append(all("forward" in vars(m) for m in layers))
+        return propose(*args, **kwargs)
+
+    drafter.propose = spy
+    output = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter,
+                             dspark_packed_weights=True)
+    assert torch.equal(output, reference)
+    assert len(installed) > 1 and all(installed)
+    assert not any("forward" in vars(m) for m in layers)
+
+
 def test_generate_refuses_a_bad_setting_before_any_work():
     target = make_target("llama", seed=11)
     ids, mask = ragged_prompts(1, seed=2)

@@ -168,3 +168,36 @@ def test_a_single_rows_update_on_floats_equals_the_array_path():
             assert alone._evidence[slot_a] == beside._evidence[slot_b]
         assert torch.equal(alone.memory.successes, beside.memory.successes)
         assert torch.equal(alone.memory.trials, beside.memory.trials)
+
+
+def test_slot_lookups_kept_for_the_same_rows_follow_new_and_forgotten_rows():
+    """The rows' slots, kept between look-ups of the same rows, follow rows observed for the first time, rows
+    forgotten and rows observed again: each estimate is the one a fresh tracker fed the same rounds gives."""
+    import numpy as np
+
+    def replay(tracker, check):
+        rows = ["a", "b", "c"]
+        check(tracker.host_conditional(rows))  # none observed yet: the pool's estimate
+        tracker.observe(rows, [3, 0, 2], [1, 0, 2])  # "b" idle: no slot
+        check(tracker.host_conditional(rows))
+        tracker.observe(rows, [3, 3, 3], [0, 3, 1])  # now "b" gets one
+        check(tracker.host_conditional(rows))
+        tracker.forget(["a"])
+        check(tracker.host_conditional(rows))
+        tracker.observe(rows, [2, 2, 2], [2, 2, 2])
+        check(tracker.host_conditional(rows))
+
+    seen = []
+    replay(AcceptanceTracker(3, AcceptanceMemory.empty(3)), seen.append)
+    fresh = AcceptanceTracker(3, AcceptanceMemory.empty(3))
+    look_up = fresh._slot_index
+
+    def uncached(rows, create):
+        fresh._last_slots = None  # every look-up afresh
+        return look_up(rows, create)
+
+    fresh._slot_index = uncached
+    expected = []
+    replay(fresh, expected.append)
+    assert all(np.array_equal(a, b) for a, b in zip(seen, expected)) and len(seen) == 5
+    assert not np.array_equal(seen[1][1], seen[2][1])  # "b"'s own evidence counts once it has a slot

@@ -104,3 +104,74 @@ def test_a_single_rows_decision_on_floats_equals_the_array_path():
         assert one[1] == length and np.array_equal(one[0], chosen)
         drafting += length > 0
     assert 50 < drafting < 350  # both outcomes are exercised
+
+
+def test_a_plain_decision_kept_through_idle_decays_is_the_one_recomputing_gives():
+    """`_decide` keeps a plain decision through idle decays while the cost ratio stays above the bound it
+    certified (`_plain_floor_ratio`); a planner that never keeps it (recomputing after every decay, as the bound
+    were infinite) decides the same in every round, over random histories, rows, curves, caps and drifting
+    cost corrections, and the kept decisions do save recomputations."""
+    import math
+    import random
+
+    import numpy as np
+
+    rng = random.Random(1)
+    kept = compared = 0
+    recomputed = []  # one entry per decision computed afresh
+    for _ in range(60):
+        gamma, rows = rng.randint(1, 5), [f"r{i}" for i in range(rng.randint(1, 4))]
+        tracker = AcceptanceTracker(gamma, AcceptanceMemory.empty(gamma))
+        tokens = [1, 2, 4, 8, 16, 32, 64]
+        step = StepCurve(tokens, sorted((rng.uniform(0.5, 2.0) for _ in tokens), reverse=True))
+        draft = None if rng.random() < 0.3 else StepCurve([1, 2, 4], [rng.uniform(1.0, 50.0)] * 3)
+        measured = rng.random() < 0.7
+        planner, reference = (CostAwarePlanner(tracker, step, draft, measured_costs=measured) for _ in range(2))
+        reference._plain_floor_ratio = lambda rows, cap: math.inf
+        tracker.host_conditional = lambda rows, f=tracker.host_conditional: recomputed.append(1) or f(rows)
+        planner._decide_one = lambda *args, f=planner._decide_one: recomputed.append(1) or f(*args)
+        costs = tracker.memory.costs
+        cap = np.array([rng.randint(0, gamma) if rng.random() < 0.2 else gamma for _ in rows])
+        for _ in range(40):
+            if rng.random() < 0.15:  # now and then a round drafts and observes
+                lengths = [rng.randint(0, gamma) for _ in rows]
+                tracker.observe(rows, lengths, [rng.randint(0, n) if rng.random() < 0.4 else 0 for n in lengths])
+            else:
+                tracker.observe(rows, [0] * len(rows), [0] * len(rows))  # an idle round: only decays
+            costs.log_plain += rng.uniform(-0.05, 0.05)
+            costs.log_relative += rng.uniform(-0.08, 0.06)
+            before, cached = len(recomputed), planner._last
+            decision = planner._decide(rows, cap)
+            expected = reference._decide(rows, cap)
+            assert decision[1] == expected[1] and np.array_equal(decision[0], expected[0])
+            kept += len(recomputed) == before and (cached is None or cached[0] != planner._last[0])  # no cache hit
+            compared += 1
+    assert compared == 2400 and kept > 50
+
+
+def test_a_drafting_plans_forecast_is_the_trackers_estimate_of_its_rows():
+    """The forecast a drafting plan carries (the decision's own estimates, not computed again) is bit for bit the
+    tracker's conditional acceptance of the drafting rows, for one row and several."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(2)
+    plans = 0
+    for _ in range(200):
+        gamma, rows = rng.randint(1, 5), [f"r{i}" for i in range(rng.randint(1, 5))]
+        tracker = AcceptanceTracker(gamma, AcceptanceMemory.empty(gamma))
+        for _ in range(rng.randint(1, 6)):
+            lengths = [rng.randint(0, gamma) for _ in rows]
+            tracker.observe(rows, lengths, [rng.randint(0, n) for n in lengths])
+        step = StepCurve([1, 64], sorted((rng.uniform(0.5, 2.0) for _ in range(2)), reverse=True))
+        planner = CostAwarePlanner(tracker, step, TENTH if rng.random() < 0.5 else None, measured_costs=False)
+        tracker.memory.rounds_since_probe = -(10**6)  # no probe: only plans that draft because they pay
+        plan = planner.plan(rows, [gamma] * len(rows))
+        if plan.length:
+            drafting = [rows[i] for i in plan.rows.tolist()]
+            assert torch.equal(plan.forecast, tracker.conditional(drafting))
+            one = np.array([tracker.conditional_one(drafting[0])])
+            assert np.array_equal(one, tracker.host_conditional(drafting[:1]))
+            plans += 1
+    assert plans > 40

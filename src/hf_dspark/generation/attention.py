@@ -35,7 +35,16 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ..functional import grouped_query_attention
 
 PACKED_SDPA = "dspark_packed_sdpa"
-_SCOPE = threading.local()  # .depth: how many packed_gqa_attention blocks the current thread is inside
+
+
+class _Scope(threading.local):
+    """Per thread: how many `packed_gqa_attention` blocks it is inside (a class default: a thread that never entered
+    one reads 0 without a failed attribute look-up)."""
+
+    depth = 0
+
+
+_SCOPE = _Scope()
 _LOCK = threading.Lock()
 _ACTIVE: dict[int, int] = {}  # id(text config) -> blocks running on it, all threads (configs are unhashable)
 _TEXT_CONFIGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (its config, that text config)
@@ -64,7 +73,7 @@ def scoped_packed_gqa_sdpa(module, query: torch.Tensor, key: torch.Tensor, value
                            attention_mask: torch.Tensor | None, **kwargs):
     """The function registered as `PACKED_SDPA`: `packed_gqa_sdpa` for a thread inside a `packed_gqa_attention`
     block, transformers' SDPA function for any other thread running the same model meanwhile."""
-    attend = packed_gqa_sdpa if getattr(_SCOPE, "depth", 0) else sdpa_attention_forward
+    attend = packed_gqa_sdpa if _SCOPE.depth else sdpa_attention_forward
     return attend(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -141,7 +150,7 @@ def packed_gqa_attention(model) -> Iterator[None]:
     if not _acquire(config):
         yield
         return
-    _SCOPE.depth = getattr(_SCOPE, "depth", 0) + 1
+    _SCOPE.depth += 1
     try:
         yield
     finally:

@@ -21,7 +21,7 @@ from transformers.utils import logging
 from .attention import packed_gqa_config
 from .options import DSparkGenerationOptions
 from .output_cache import dict_output
-from .packed_linear import linear_packs_for
+from .packed_linear import installed_linears, linear_packs_for
 from .policy import policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
@@ -119,7 +119,8 @@ class DSparkLoop:
 
     def run(self):
         self.prefill()
-        with packed_gqa_config(self.model):  # the config switched once for every verification forward
+        # the config switched and the packed linear forwards installed once for every verification forward
+        with packed_gqa_config(self.model), installed_linears(self.kernel.packs):
             while self.batch.rows:
                 self.step()
         self.stats.compactions = self.batch.target_cache.compactions

@@ -170,6 +170,13 @@ def _packed_linear(x: torch.Tensor, module: torch.nn.Linear, entry: PackedWeight
     return F.linear(x, module.weight, module.bias)
 
 
+class _Scope(threading.local):
+    """Per thread: how many `packed_linears` blocks it is inside (a class default, so a thread that never entered
+    one reads 0 without the failed look-up `getattr(local, name, default)` pays, several hundred ns a layer)."""
+
+    depth = 0
+
+
 @dataclass
 class PackedLinears:
     """oneDNN-packed copies of a model's linear weights.
@@ -191,7 +198,7 @@ class PackedLinears:
     lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
     active: int = field(default=0, init=False, repr=False, compare=False)
     forwards: list = field(default_factory=list, init=False, repr=False, compare=False)
-    scope: threading.local = field(default_factory=threading.local, init=False, repr=False, compare=False)
+    scope: _Scope = field(default_factory=_Scope, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_rows <= self.max_rows:
@@ -247,42 +254,69 @@ class PackedLinears:
         entry, low, high, scope = self.packed[id(module.weight)], self.min_rows, self.max_rows, self.scope
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if getattr(scope, "depth", 0):
+            if scope.depth:
                 return _packed_linear(x, module, entry, low, high)
             return F.linear(x, module.weight, module.bias)
 
         return forward
 
 
-@contextmanager
-def packed_linears(packs: PackedLinears | None) -> Iterator[None]:
-    """Run this thread's forwards inside with `packs` (None: nothing changes).
-
-    Each packed `nn.Linear` gets, while at least one such block runs in any thread, the instance `forward`
-    `packs.forward_for(module)` (built once, so a swap sets one attribute per layer); the modules are restored when
-    the last block exits. The swapped forward uses the packed copy only in threads inside a block (a thread-local
-    depth), so plain forwards of the same model elsewhere meanwhile compute exactly what they would without it.
-    (A `TorchFunctionMode` would route the same calls without touching the modules, but costs a Python dispatch on
-    every op of the forward: a first version did, and was slower at one token than no packing.)
-    """
-    if packs is None:
-        yield
-        return
+def _install(packs: PackedLinears) -> None:
+    """One more block holds `packs`' forwards on its modules (the first block swaps them in)."""
     with packs.lock:
         packs.active += 1
         if packs.active == 1:
             for module, forward in zip(packs.modules, packs.forwards):
                 object.__setattr__(module, "forward", forward)  # plain attribute: nn.Module's own setter is slow
-    packs.scope.depth = getattr(packs.scope, "depth", 0) + 1
+
+
+def _uninstall(packs: PackedLinears) -> None:
+    """One block holding `packs`' forwards ends (the last restores the modules)."""
+    with packs.lock:
+        packs.active -= 1
+        if packs.active == 0:
+            for module in packs.modules:
+                vars(module).pop("forward", None)
+
+
+@contextmanager
+def installed_linears(packs: PackedLinears | None) -> Iterator[None]:
+    """Keep `packs`' forwards on their modules for the whole block, without routing anything: forwards use the
+    packed copies only inside `packed_linears` blocks, every other call runs PyTorch's kernel as before. A loop that
+    runs many verification forwards holds it around them, so that each forward's own block only counts the
+    thread's depth instead of swapping every layer's forward in and out (None: nothing changes)."""
+    if packs is None:
+        yield
+        return
+    _install(packs)
+    try:
+        yield
+    finally:
+        _uninstall(packs)
+
+
+@contextmanager
+def packed_linears(packs: PackedLinears | None) -> Iterator[None]:
+    """Run this thread's forwards inside with `packs` (None: nothing changes).
+
+    Each packed `nn.Linear` gets, while at least one such block (or `installed_linears` block) runs in any thread,
+    the instance `forward` `packs.forward_for(module)` (built once, so a swap sets one attribute per layer); the
+    modules are restored when the last block exits. The swapped forward uses the packed copy only in threads inside
+    a `packed_linears` block (a thread-local depth), so plain forwards of the same model elsewhere meanwhile
+    compute exactly what they would without it. (A `TorchFunctionMode` would route the same calls without touching
+    the modules, but costs a Python dispatch on every op of the forward: a first version did, and was slower at
+    one token than no packing.)
+    """
+    if packs is None:
+        yield
+        return
+    _install(packs)
+    packs.scope.depth += 1
     try:
         yield
     finally:
         packs.scope.depth -= 1
-        with packs.lock:
-            packs.active -= 1
-            if packs.active == 0:
-                for module in packs.modules:
-                    vars(module).pop("forward", None)
+        _uninstall(packs)
 
 
 def linear_packs_for(model: torch.nn.Module, setting: bool | None = None) -> PackedLinears | None:

@@ -296,10 +296,7 @@ class RoundKernel:
         if not self.processors.is_empty:
             scores = self.processors.apply_positions(batch.rows, histories, drafts, scores, verify_len + 1)
         result = self._verify(drafts, draft_probs, scores, None if unmasked else verify_len, steps)
-        accepted_host, next_host, drafts_host, tau = self._download(result.num_accepted, result.next_token, drafts,
-                                                                    tau)
-        tokens = [[*row_drafts[:m], next_token] for m, next_token, row_drafts in
-                  zip(accepted_host, next_host, drafts_host)]
+        accepted_host, tokens, tau = self._download(result.num_accepted, result.next_token, drafts, tau)
         record.committed = list(commit(tokens, scores, out.logits))
         if min(accepted_host, default=0) == steps - 1:  # every row kept every slot (so its ℓ was the longest)
             batch.target_cache.commit_every(steps)
@@ -310,15 +307,18 @@ class RoundKernel:
 
     @staticmethod
     def _download(accepted, next_token, drafts, tau):
-        """The round's one device-to-host copy: accepted counts, next tokens, drafts `[A, ℓ_max]` and τ̂."""
+        """The round's one device-to-host copy of accepted counts, next tokens, drafts `[A, ℓ_max]` and τ̂; returns
+        (accepted counts, each row's tokens to commit: its accepted drafts and the next token, τ̂ or None)."""
         rows, width = drafts.shape
         parts = [accepted, next_token, drafts.reshape(-1)]
         if tau is not None:
             parts.append(float_bits(tau).to(accepted.device))
         flat = download(torch.cat([p.to(torch.long) for p in parts]))
-        body = flat[2 * rows: 2 * rows + rows * width]
-        drafts_host = [body[a * width: (a + 1) * width] for a in range(rows)]
-        return flat[:rows], flat[rows: 2 * rows], drafts_host, bits_float(flat[-1]) if tau is not None else None
+        accepted_host, start = flat[:rows], 2 * rows
+        # where each row's drafts start in `flat` (no drafts: nowhere to read, every row accepted none)
+        offsets = range(start, start + rows * width, width) if width else [start] * rows
+        tokens = [[*flat[o : o + m], token] for o, m, token in zip(offsets, accepted_host, flat[rows:start])]
+        return accepted_host, tokens, bits_float(flat[-1]) if tau is not None else None
 
     def _draft(self, batch: RoundBatch, histories, cap: list[int], plan: DraftPlan):
         """Propose for the planned rows and choose ℓ: (drafts `[A, γ']`, draft_probs or None, ℓ `[A]` host ints,

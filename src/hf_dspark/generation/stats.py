@@ -124,8 +124,9 @@ class DSparkGenerationStats:
         self.verify_lens.append(dict(zip(rows, verify_len)))
         self.accepted_lengths.append(dict(zip(rows, committed)))
         self.accepted_drafts.append(dict(zip(rows, accepted_drafts)))
-        self.batch_tokens.append(sum(1 + v for v in verify_len))
-        self.draft_tokens_verified += sum(verify_len)
+        verified = sum(verify_len)  # host ints: Σ (1 + ℓ_r) = A + Σ ℓ_r exactly, without a generator per row
+        self.batch_tokens.append(len(verify_len) + verified)
+        self.draft_tokens_verified += verified
         self.draft_tokens_accepted += sum(accepted_drafts)
 
     @staticmethod

@@ -115,10 +115,12 @@ class AcceptanceTracker:
     _slots: dict[Any, int] = field(default_factory=dict, repr=False)
     _counts: np.ndarray | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials (host)
     version: int = field(default=0, repr=False)  # bumped whenever an estimate changes (cached decisions key on it)
+    relaxations: int = field(default=0, repr=False)  # the bumps of `version` that were idle decays (`_relax`)
     _pool_version: int = field(default=0, repr=False)  # bumped when the pooled counts change
     _pooled: tuple[int, np.ndarray] | None = field(default=None, repr=False)
     _centres: list[float] = field(default_factory=list, repr=False)  # γ prior rates, clipped (informed prior)
     _evidence: dict[int, float] = field(default_factory=dict, repr=False)  # slot -> its largest trial count
+    _last_slots: tuple[list[Any], np.ndarray] | None = field(default=None, repr=False)  # rows -> their slots
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.decay < 1.0 or not 0.0 <= self.idle_decay <= 1.0:
@@ -158,23 +160,39 @@ class AcceptanceTracker:
         return self._pooled[1]
 
     def _slot_index(self, rows: list[Any], create: bool) -> np.ndarray:
+        """Each row's slot in `_counts` (0: never observed; `create` gives new rows one). The last answer is kept
+        for the same rows until a slot is added or cleared (a round plans and observes the same rows: one look-up
+        per row, not two). The array is read-only to callers."""
+        cached = self._last_slots
+        if cached is not None and cached[0] == rows and (not create or cached[1].all()):
+            return cached[1]
+        slots = self._slots
         if create:
             for row in rows:
-                if row not in self._slots:
-                    self._slots[row] = len(self._slots) + 1
-            needed = len(self._slots) + 1
+                if row not in slots:
+                    slots[row] = len(slots) + 1
+            needed = len(slots) + 1
             if needed > self._counts.shape[0]:
                 grown = np.zeros((max(needed, 2 * self._counts.shape[0]), 2, self.block_size))
                 grown[: self._counts.shape[0]] = self._counts
                 self._counts = grown
-        slots = self._slots
-        return np.array([slots.get(row, 0) for row in rows], dtype=np.int64)
+        index = np.array([slots.get(row, 0) for row in rows], dtype=np.int64)
+        self._last_slots = (list(rows), index)
+        return index
 
     def host_conditional(self, rows: list[Any]) -> np.ndarray:
         """`conditional` as a host float64 array (what the planner computes with: numpy's per-call cost is a
         fraction of torch's on arrays this small)."""
         counts = self._counts[self._slot_index(rows, create=False)]
         return (counts[:, 0] + self.prior_weight * self._host_pooled()) / (counts[:, 1] + self.prior_weight)
+
+    def idle_ceiling(self, rows: list[Any]) -> np.ndarray:
+        """An upper bound `[R, γ]` on every value `host_conditional(rows)` can take from now on through idle decays
+        alone (no observation, no `forget`). A decay scales a row's successes s and trials t alike, and
+        q̂ = (s·x + w·q_pool) / (t·x + w) is monotone in the scale x (the sign of its derivative is that of
+        s − t·q_pool), so as x shrinks q̂ moves from its current value towards q_pool and never beyond either:
+        the bound is the larger of the two, raised by a relative 1e-9 that covers the rounding of decayed counts."""
+        return np.maximum(self.host_conditional(rows), self._host_pooled()) * (1.0 + 1e-9)
 
     def conditional_one(self, row: Any) -> list[float]:
         """`host_conditional([row])[0]` as Python floats, computed in the same order."""
@@ -199,7 +217,7 @@ class AcceptanceTracker:
         nothing and forget part of their evidence (`idle_decay`). `verify_len` / `accepted`: `[R]` tensors or host
         ints."""
         lengths = verify_len.tolist() if isinstance(verify_len, torch.Tensor) else list(verify_len)
-        idle = [row for row, length in zip(rows, lengths) if length == 0]
+        idle = [row for row, length in zip(rows, lengths) if length == 0] if 0 in lengths else []
         self._relax(idle)
         if len(idle) == len(rows):
             return  # a plain-decoding round observes nothing
@@ -255,13 +273,18 @@ class AcceptanceTracker:
         live = [slots[row] for row in idle if evidence.get(slots.get(row, 0), 0.0) > 1e-3]
         if not live:
             return
-        self._counts[np.array(live, dtype=np.int64)] *= self.idle_decay
+        if len(live) == 1:  # one row (batch 1): a view, the same products without a gather and a scatter
+            self._counts[live[0]] *= self.idle_decay
+        else:
+            self._counts[np.array(live, dtype=np.int64)] *= self.idle_decay
         for slot in live:  # max(c · d) = max(c) · d exactly: the mirror stays exact
             evidence[slot] *= self.idle_decay
         self.version += 1
+        self.relaxations += 1
 
     def forget(self, rows: list[Any]) -> None:
         """Rows that left: their slots are cleared (and not reused; a few bytes per request)."""
+        self._last_slots = None
         for row in rows:
             slot = self._slots.pop(row, None)
             if slot is not None:

@@ -76,8 +76,11 @@ class CostAwarePlanner:
     measured_costs: bool = True
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
-    _last: tuple[Any, tuple[np.ndarray, int]] | None = field(default=None, repr=False)
+    # (key, decision, the rows' conditional estimates `[R, γ]` it was computed from or None)
+    _last: tuple[Any, tuple[np.ndarray, int], np.ndarray | None] | None = field(default=None, repr=False)
     _priced: int | None = field(default=None, repr=False)
+    _plain_floor: tuple[Any, float] | None = field(default=None, repr=False)  # (evidence key, cost ratio)
+    _host_tables: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
         """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
@@ -100,9 +103,14 @@ class CostAwarePlanner:
         return torch.from_numpy(verify), torch.from_numpy(draft)
 
     def _host_costs(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """`corrected_costs` as float64 host arrays (the uncorrected ones are the cached tables themselves)."""
-        verify = host_array(self.verify_seconds(rows), np.float64)
-        draft = host_array(self.draft_seconds(rows), np.float64)
+        """`corrected_costs` as float64 host arrays (the uncorrected ones are cached host copies of the tables, one
+        pair per row count: read-only to callers)."""
+        tables = self._host_tables.get(rows)
+        if tables is None:
+            tables = (host_array(self.verify_seconds(rows), np.float64).copy(),
+                      host_array(self.draft_seconds(rows), np.float64).copy())
+            self._host_tables[rows] = tables
+        verify, draft = tables
         if not self.measured_costs:
             return verify, draft
         costs = self.tracker.memory.costs
@@ -157,7 +165,8 @@ class CostAwarePlanner:
         if length > 0:
             memory.rounds_since_probe = 0
             drafting = np.flatnonzero(chosen)
-            forecast = self.tracker.conditional([rows[i] for i in drafting.tolist()])
+            estimates = self._last[2]  # the decision's own: a drafting plan was computed afresh or cached with them
+            forecast = torch.from_numpy(estimates[drafting])
             self._priced = _priced_rows(chosen, shares)
             return DraftPlan(
                 rows=torch.from_numpy(drafting), length=length, batch_rows=count, forecast=forecast,
@@ -190,25 +199,60 @@ class CostAwarePlanner:
     def _decide(self, rows: list[Any], cap: np.ndarray, shares=None) -> tuple[np.ndarray, int]:
         """`draft_or_decode` on the lagged estimates, reused while rows, caps and estimates are unchanged (in a
         run of plain-decoding rounds only the skipped requests' drift back to the pool changes them, and only
-        until their own evidence has faded)."""
-        memory = self.tracker.memory
+        until their own evidence has faded). A plain decision also stands, without recomputing it, through idle
+        decays that cannot overturn it: while the cost ratio stays at or above `_plain_floor_ratio`'s bound."""
+        tracker, memory = self.tracker, self.tracker.memory
         trials = float(host_array(memory.trials, np.float64).sum())
-        key = (tuple(rows), cap.tobytes(), self.tracker.version, trials, memory.costs.key())
-        key += (None if shares is None else shares.tobytes(),)
+        evidence = (tuple(rows), cap.tobytes(), tracker.version - tracker.relaxations, trials)
+        evidence += (None if shares is None else shares.tobytes(),)
+        key = (*evidence, tracker.version, memory.costs.key())
         if self._last is not None and self._last[0] == key:
             return self._last[1]
-        if len(rows) == 1:
-            decision = self._decide_one(rows[0], int(cap[0]), None if shares is None else float(shares[0]))
+        floor, estimates = self._plain_floor, None
+        if floor is not None and floor[0] == evidence and self._cost_ratio() >= floor[1]:
+            decision = (np.zeros(len(rows), dtype=bool), 0)  # what recomputing gives (`_plain_floor_ratio`)
+        elif len(rows) == 1:
+            conditional = tracker.conditional_one(rows[0])
+            share = None if shares is None else float(shares[0])
+            decision = self._decide_one(rows[0], int(cap[0]), share, conditional)
+            estimates = np.array([conditional], dtype=np.float64)  # bit for bit `host_conditional(rows)`
         else:
-            costs = self._host_costs(len(rows))
-            decision = host_draft_or_decode(self._expected(self.tracker.host_survival(rows), cap), *costs, shares)
-        self._last = (key, decision)
+            estimates = tracker.host_conditional(rows)
+            survival = np.cumprod(estimates, axis=-1)  # `host_survival(rows)`
+            decision = host_draft_or_decode(self._expected(survival, cap), *self._host_costs(len(rows)), shares)
+        self._last = (key, decision, estimates)
+        if decision[1] == 0 and shares is None and (floor is None or floor[0] != evidence):
+            self._plain_floor = (evidence, self._plain_floor_ratio(rows, cap))
         return decision
 
-    def _decide_one(self, row: Any, cap: int, share: float | None) -> tuple[np.ndarray, int]:
+    def _cost_ratio(self) -> float:
+        """f_drafting / f_plain, the correction's factor on drafting rounds' cost against plain rounds' (1 without
+        measured costs)."""
+        costs = self.tracker.memory.costs
+        return costs.drafting / costs.plain if self.measured_costs else 1.0
+
+    def _plain_floor_ratio(self, rows: list[Any], cap: np.ndarray) -> float:
+        """The cost ratio (`_cost_ratio`) from which on plain decoding wins for `rows` at every estimate idle decays
+        alone can reach (`AcceptanceTracker.idle_ceiling`). Θ(k, L) ≤ Θ(0, 0) ⟺ (R + Σ_{top-k} gains(L)) ·
+        T_v(0) / (R · (T_v(L) + T_d(k))) ≤ f_drafting / f_plain on the uncorrected curves, and every Θ(k, L)
+        grows with the estimates: the bound is the largest left side at the ceiling, raised by a relative 1e-9
+        that covers the rounding of either evaluation (shares: not bounded here)."""
+        count = len(rows)
+        survival = np.cumprod(self.tracker.idle_ceiling(rows), axis=-1)
+        extra = self._expected(survival, cap)[:, 1:] - 1.0  # [R, γ]
+        gained = count + np.cumsum(-np.sort(-extra, axis=0), axis=0)  # [k, L]: the top-k rows' gains
+        verify = host_array(self.verify_seconds(count), np.float64)
+        draft = host_array(self.draft_seconds(count), np.float64)[1:, None]
+        return float((gained * verify[0] / (count * (verify[None, 1:] + draft))).max()) * (1.0 + 1e-9)
+
+    def _decide_one(
+        self, row: Any, cap: int, share: float | None, conditional: list[float] | None = None
+    ) -> tuple[np.ndarray, int]:
         """`_decide`'s `draft_or_decode` for a single row, on Python floats: the same IEEE operations in the same
-        order as the array path (a batch-1 round then pays no per-call array overhead)."""
-        conditional = self.tracker.conditional_one(row)
+        order as the array path (a batch-1 round then pays no per-call array overhead). conditional: the row's
+        `conditional_one`, when the caller has it."""
+        if conditional is None:
+            conditional = self.tracker.conditional_one(row)
         verify, draft = self.verify_seconds(1).tolist(), float(self.draft_seconds(1)[1])
         if self.measured_costs:
             costs = self.tracker.memory.costs
