@@ -307,6 +307,11 @@ def _without_option(argv: list[str], names: tuple[str, ...]) -> list[str]:
     return kept
 
 
+def _relative_paths(argv: list[str]) -> list[str]:
+    """The command line with absolute paths written relative to the repository (a record names no machine)."""
+    return [os.path.relpath(item, ROOT) if os.path.isabs(item) else item for item in argv]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -321,13 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     code_root = Path(args.code_root).resolve() if foreign else ROOT
     commit, dirty = git_state(code_root)
     rows, ratios = summarize(measured["raw"], args.batches)
-    report = {"benchmark": "loop_overhead", "code": {"root": str(code_root), "git_commit": commit, "dirty": dirty},
+    code = {"root": os.path.relpath(code_root, ROOT), "git_commit": commit, "dirty": dirty}
+    report = {"benchmark": "loop_overhead", "code": code,
               "threads": measured["threads"], "batches": args.batches, "new_tokens": args.new_tokens,
               "gamma": args.gamma, "repeats": args.repeats, "layers": args.layers, "cases": rows,
               "ratios": ratios}  # fmt: skip
     name = f"loop_overhead.{(commit or 'unknown')[:7]}.json" if foreign else "loop_overhead.json"
     out = args.out or ROOT / "benchmarks" / "results" / processor_kind() / name
-    provenance = result_provenance(command=["python", "benchmarks/loop_overhead.py", *argv], cwd=ROOT)
+    command = ["python", "benchmarks/loop_overhead.py", *_relative_paths(argv)]
+    provenance = result_provenance(command=command, cwd=ROOT)
     report["provenance"] = {**provenance, "threads": measured["threads"]}  # the measuring process's threads
     write_json_atomic(out, report)
     print(markdown(rows, ratios))
