@@ -23,6 +23,7 @@ all rows (prefix-closed by construction), and the objective reduces to one dimen
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from collections.abc import Sequence
 
@@ -199,13 +200,13 @@ def sunk_cost_stop(
     banked = float(rows)  # rows + Σ_s Σ_{j≤L} a_{s,j}: Θ(L)'s numerator
     for length in range(gamma):
         column = [row[length] for row in known]  # a_{·,L+1}, known now
-        gained = sum(column)
+        gained = math.fsum(column)  # correctly rounded: the same L on every Python (3.12's sum() compensates)
         tokens = banked + gained
         best = tokens / cost[length + 1]
         for later in range(length + 1, gamma):  # forecast a_{s,j} = a_{s,L+1} · Π_{L+1<i≤j} q_{s,i}
             if rates is not None:
                 column = [value * rate[later] for value, rate in zip(column, rates)]
-            tokens += sum(column)
+            tokens += math.fsum(column)
             best = max(best, tokens / cost[later + 1])
         if best <= banked / cost[length]:
             return length
