@@ -78,3 +78,15 @@ def ragged_prompts(batch: int, vocab: int = 96, seed: int = 0, min_len: int = 3,
         ids[r, width - n :] = torch.randint(3, vocab, (n,), generator=gen)
         mask[r, width - n :] = 1
     return ids, mask
+
+
+def holed_oracle(target, block_size: int, reference: torch.Tensor, mask: torch.Tensor):
+    """An oracle drafter whose even rows draft `reference` (plain greedy output) and whose odd rows draft a wrong
+    first token: in a batch of two or more, every round leaves holes in the target cache (an odd row's rejected
+    slots sit below an even row's kept ones), which only compaction removes."""
+    from hf_dspark.eval.oracle import oracle_for
+
+    oracle = oracle_for(target, block_size, reference, mask)
+    vocab = target.config.vocab_size
+    oracle.reference = [ref if row % 2 == 0 else (ref + 1) % vocab for row, ref in enumerate(oracle.reference)]
+    return oracle

@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
 from hf_dspark.eval.oracle import oracle_for
 from hf_dspark.generation.target_cache import attention_layout
-from tests.helpers import make_drafter, ragged_prompts
+from tests.helpers import holed_oracle, make_drafter, ragged_prompts
 
 WINDOW = 8
 HYBRID = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
@@ -83,13 +83,14 @@ def test_the_window_shapes_the_reference(name):
 
 @pytest.mark.parametrize(("name", "implementation"), [("mistral", "eager"), ("gemma3", "sdpa"), ("gemma3", "eager")])
 def test_sliding_long_generation_with_compaction(name, implementation):
-    """Random drafts leave holes every round: compaction moves slots, positions and windows must follow."""
+    """Rejected drafts beside kept ones leave holes every round: compaction moves slots, positions and windows
+    must follow."""
     target = make_family(name, attn_implementation=implementation)
     assert target.config._attn_implementation == implementation
     ids, mask = ragged_prompts(3, seed=5, min_len=4, max_len=14)
     kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=120, min_new_tokens=120)
     reference = target.generate(ids, **kwargs)
-    drafter = make_drafter(target)
+    drafter = holed_oracle(target, 4, reference, mask)
     assert torch.equal(reference, target.generate(ids, assistant_model=drafter, **kwargs))
     assert drafter.last_generation_stats.compactions > 0
 

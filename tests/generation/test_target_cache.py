@@ -79,15 +79,15 @@ def _appended(rows: int, width: int, valid: torch.Tensor, steps: int) -> RaggedT
 def test_compaction_is_decided_on_the_host_mirror_without_device_reads():
     from hf_dspark.diagnostics import SyncCounter
 
-    valid = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    valid = torch.tensor([[1, 1, 1], [0, 1, 1]], dtype=torch.bool)
     mirrored, unmirrored = _appended(2, 3, valid, 3), _appended(2, 3, valid, 3)
-    assert mirrored.host_counts == [2, 3]
+    assert mirrored.host_counts == [3, 2]
     with SyncCounter() as counter:
-        mirrored.commit_last(3, torch.tensor([1, 2]), [1, 2])
+        mirrored.commit_last(3, torch.tensor([1, 3]), [1, 3])
         mirrored.select_rows(torch.tensor([1, 0]), [1, 0])
     assert counter.total == 0, counter.events
-    assert mirrored.compactions == 1 and mirrored.host_counts == [5, 3]
-    unmirrored.commit_last(3, torch.tensor([1, 2]))  # no host counts: the mirror is dropped, the device is read
+    assert mirrored.compactions == 1 and mirrored.host_counts == [5, 4]
+    unmirrored.commit_last(3, torch.tensor([1, 3]))  # no host counts: the mirror is dropped, the device is read
     assert unmirrored.host_counts is None and unmirrored.compactions == 1
     unmirrored.select_rows(torch.tensor([1, 0]))
     assert torch.equal(mirrored.valid, unmirrored.valid) and mirrored.width == unmirrored.width == 5
@@ -110,20 +110,38 @@ class _IndexDevices(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def test_slots_no_row_keeps_are_dropped_without_a_copy():
+    """The last forward's tail that every row rejected leaves the cache (host counts tell it): at batch 1 no hole is
+    left, so the next forward runs without a mask; the kept layers are views of the old ones."""
+    one = _appended(1, 3, torch.ones(1, 3, dtype=torch.bool), 4)
+    keys = one.cache.layers[0].keys
+    one.commit_last(4, torch.tensor([2]), [2])
+    assert one.width == 5 and one.valid.all() and one.positions[0].tolist() == [0, 1, 2, 3, 4]
+    assert one.cache.layers[0].keys.shape == (1, 1, 5, 1)
+    assert one.cache.layers[0].keys.untyped_storage().data_ptr() == keys.untyped_storage().data_ptr()
+    assert one.compactions == 0 and one.host_counts == [5]
+    two = _appended(2, 3, torch.ones(2, 3, dtype=torch.bool), 4)
+    two.commit_last(4, torch.tensor([1, 3]), [1, 3])  # only the slot neither row keeps goes
+    assert two.width == 6 and two.valid.sum(dim=1).tolist() == [4, 6]
+    unmirrored = _appended(1, 3, torch.ones(1, 3, dtype=torch.bool), 4)
+    unmirrored.commit_last(4, torch.tensor([2]))  # no host counts: no drop; the holes wait for compaction (a copy)
+    assert unmirrored.width == 5 and unmirrored.compactions == 1
+
+
 def test_compact_and_select_rows_index_each_layer_on_its_own_device():
     """A `device_map` puts layers on several devices: each layer is indexed with a copy on its keys' device."""
-    valid = torch.tensor([[0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    valid = torch.tensor([[1, 1, 1], [0, 1, 1]], dtype=torch.bool)
     target = _appended(2, 3, valid, 3)
     keys = target.cache.layers[0].keys
     target.cache.update(keys.to("meta"), keys.to("meta"), 1)  # a second layer on another device
     with _IndexDevices() as calls:
-        target.commit_last(3, torch.tensor([1, 2]), [1, 2])  # compacts
+        target.commit_last(3, torch.tensor([1, 3]), [1, 3])  # compacts
         target.select_rows(torch.tensor([1, 0]), [1, 0])
     assert target.compactions == 1
     assert calls.calls and all(source == index for source, index in calls.calls), calls.calls
     cpu, meta = target.cache.layers
     assert meta.keys.device.type == "meta" and meta.keys.shape == cpu.keys.shape == (2, 1, 5, 1)
-    assert cpu.keys[:, 0, :, 0].tolist() == [[3, 4, 5, 0, 0], [0, 0, 1, 2, 0]]
+    assert cpu.keys[:, 0, :, 0].tolist() == [[4, 5, 0, 0, 0], [0, 0, 1, 2, 0]]
 
 
 def test_sdpa_batch_without_holes_runs_without_a_mask_and_matches_plain():

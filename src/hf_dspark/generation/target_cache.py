@@ -229,8 +229,21 @@ class RaggedTargetCache:
             self.host_counts = None
         else:
             self.host_counts = [have + int(n) for have, n in zip(self.host_counts, host_kept)]
+            self.drop_tail(steps - max(host_kept, default=steps))
         self.maybe_compact()
         return new
+
+    def drop_tail(self, slots: int) -> None:
+        """Drop the last `slots` slots, which no row keeps (the drafts every row rejected): views of the layers, no
+        copy. At batch 1 a round then leaves no hole, so the next forward needs no mask (transformers' causal path,
+        as in its own assisted loop, which crops the cache the same way)."""
+        if slots <= 0:
+            return
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, :-slots]
+            layer.values = layer.values[:, :, :-slots]
+        self.valid = self.valid[:, :-slots]
+        self.positions = self.positions[:, :-slots]
 
     def commit_every(self, steps: int) -> None:
         """The last forward appended `steps` slots and every row keeps them all (`commit_last` without a device
