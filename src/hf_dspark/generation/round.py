@@ -321,12 +321,12 @@ class RoundKernel:
         return accepted_host, tokens, bits_float(flat[-1]) if tau is not None else None
 
     def _draft(self, batch: RoundBatch, histories, cap: list[int], plan: DraftPlan):
-        """Propose for the planned rows and choose ℓ: (drafts `[A, γ']`, draft_probs or None, ℓ `[A]` host ints,
-        τ̂ as a device scalar or None, a record with the policy's share of the time)."""
+        """Propose for the planned rows and choose ℓ: (drafts `[A, γ']` or None, draft_probs or None, ℓ `[A]` host
+        ints, τ̂ as a device scalar or None, a record with the policy's share of the time)."""
         rows, device = len(batch.rows), batch.anchor.device
         record = RoundRecord(list(batch.rows), [], [], [], drafted=0, probe=plan.probe)
-        if not plan.drafts:
-            return batch.anchor.new_zeros(rows, 0), None, [0] * rows, None, record
+        if not plan.drafts:  # no drafts (None): the round is a plain step
+            return None, None, [0] * rows, None, record
         proposed_at = time.perf_counter()  # the queued context update counts as drafting time
         batch.flush(self.drafter, self.takes_counts)
         host_index = plan.rows.tolist() if plan.rows is not None and plan.rows.numel() < rows else None

@@ -186,7 +186,10 @@ class RaggedTargetCache:
         inputs (1 + ℓ_r) as host ints; with the host mirror they tell a batch without holes, which an SDPA target
         then runs without a mask (transformers' causal path, no device read of the mask)."""
         steps = input_ids.shape[1]
-        positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
+        if steps == 1:  # a plain step: each row's next position (a view; `next_position` is replaced, never written)
+            positions = self.next_position[:, None]
+        else:
+            positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
         mask = None  # no hole anywhere: transformers' causal path
         if not self._without_holes(steps, host_input_counts):
             mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()

@@ -51,7 +51,7 @@ class AcceptanceMemory:
 
     @property
     def observed(self) -> bool:
-        return bool(host_array(self.trials, np.float64)[0] > 0)
+        return self.trials.tolist()[0] > 0
 
 
 INFORMED_PRIOR_WEIGHT = 8.0  # pseudo-trials of a measured held-out acceptance in the pool

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from ..generation.round import RoundRecord
 
 
+_NO_ROWS = torch.zeros(0, dtype=torch.long)  # a plan without drafting rows (read only)
+
+
 def _priced_rows(chosen: np.ndarray, shares: np.ndarray | None) -> int | None:
     """⌈Σ shares⌉ over the chosen rows (`draft_or_decode`'s priced count), None without shares."""
     return None if shares is None else math.ceil(float(shares[chosen].sum()) - 1e-9)
@@ -152,12 +155,14 @@ class CostAwarePlanner:
         device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
         1 each; see `draft_or_decode`)."""
         count, gamma = len(rows), self.tracker.block_size
-        cap = np.minimum(np.maximum(host_array(cap, np.int64), 0), gamma)  # ufuncs: a fraction of np.clip's cost
+        # clipped in Python, one array built: right after a target forward every numpy call is several µs
+        capped = [min(max(int(c), 0), gamma) for c in (cap.tolist() if isinstance(cap, torch.Tensor) else cap)]
+        cap = np.array(capped, dtype=np.int64)
         shares = None if draft_costs is None else np.minimum(np.maximum(host_array(draft_costs, np.float64), 0.0), 1.0)
         chosen, length = self._decide(rows, cap, shares)
         self._priced = None
         memory = self.tracker.memory
-        room = bool(cap.any())  # some row may still draft
+        room = any(capped)  # some row may still draft
         if length > 0 or (memory.probe_verdict_due and room):
             # The last probe's verdict (not while no row may draft at all), or any evidence that drafts pay.
             memory.futile_probes = 0 if length > 0 else memory.futile_probes + 1
@@ -175,12 +180,12 @@ class CostAwarePlanner:
         memory.rounds_since_probe += 1
         due = not memory.observed or memory.rounds_since_probe >= self.probe_wait(memory)
         if not due or not room:
-            return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
+            return DraftPlan(rows=_NO_ROWS, length=0)
         costs = self._host_costs(count)
         hopeful = np.cumprod(np.full((count, gamma), self.optimistic), axis=-1)
         chosen, length = host_draft_or_decode(self._expected(hopeful, cap), *costs, shares)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
-            return DraftPlan(rows=torch.zeros(0, dtype=torch.long), length=0)
+            return DraftPlan(rows=_NO_ROWS, length=0)
         memory.rounds_since_probe, memory.probe_verdict_due = 0, True
         self._priced = _priced_rows(chosen, shares)
         priced = int(chosen.sum()) if self._priced is None else self._priced
@@ -202,7 +207,7 @@ class CostAwarePlanner:
         until their own evidence has faded). A plain decision also stands, without recomputing it, through idle
         decays that cannot overturn it: while the cost ratio stays at or above `_plain_floor_ratio`'s bound."""
         tracker, memory = self.tracker, self.tracker.memory
-        trials = float(host_array(memory.trials, np.float64).sum())
+        trials = tuple(memory.trials.tolist())  # the pooled counts (another call sharing the memory may move them)
         evidence = (tuple(rows), cap.tobytes(), tracker.version - tracker.relaxations, trials)
         evidence += (None if shares is None else shares.tobytes(),)
         key = (*evidence, tracker.version, memory.costs.key())
