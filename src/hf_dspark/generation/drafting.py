@@ -14,7 +14,10 @@ A drafter is anything with a `config` (`block_size` γ, `vocab_size`, `target_la
 classes. Optional: `bind_target(target)` / `bound_to(target)` / `is_bound` (checked by `generate`), and
 `draft_curve`, a `StepCurve` of proposals per second against rows (model-free drafters: None, cost ≈ 0), and
 `row_draft_costs(cache, histories)` -> `[R]` each row's share of that curve's per-row cost this round (called before
-the policy plans; a hybrid's lookup rows pay ≈ 0; it may read only the committed context and earlier rounds).
+the policy plans; a hybrid's lookup rows pay ≈ 0; it may read only the committed context and earlier rounds), and
+`row_acceptance(cache)` -> per row its own forecast of the conditional acceptance of this round's drafts (`[γ]` host
+floats) or None (called after `row_draft_costs`; the same rule on what it may read): `"auto"` plans those rows with
+it instead of the acceptance verification has shown it (a lookup proposal is scored every round, verified or not).
 """
 
 from __future__ import annotations

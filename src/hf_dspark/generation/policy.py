@@ -146,11 +146,15 @@ class VerificationPolicy:
         """`"auto"`'s `CostAwarePlanner` (None for the other policies)."""
         return getattr(self.rule, "planner", None)
 
-    def plan(self, rows: list[Any], cap, draft_costs: torch.Tensor | None = None):
+    def plan(self, rows: list[Any], cap, draft_costs: torch.Tensor | None = None,
+             acceptance: list[list[float] | None] | None = None):
         """Which of the active `rows` (ids) draft this round (cap: host ints per row); uses earlier rounds only.
         Default: all of them. `draft_costs` `[A]`: each row's share of the drafter's per-row cost
         (`DraftModel.row_draft_costs`; passed on only when given, so a policy whose `plan` takes (rows, cap) keeps
-        working)."""
+        working). `acceptance`: the drafter's own per-row forecasts (`DraftModel.row_acceptance`), passed on only to
+        a rule that declares `uses_row_acceptance`."""
+        if acceptance is not None and getattr(self.rule, "uses_row_acceptance", False):
+            return self.rule.plan(rows, cap, draft_costs, acceptance=acceptance)
         return self.rule.plan(rows, cap) if draft_costs is None else self.rule.plan(rows, cap, draft_costs)
 
     def observe(self, rows: list[Any], verify_len: torch.Tensor | Sequence[int],

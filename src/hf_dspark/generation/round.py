@@ -225,7 +225,9 @@ class RoundKernel:
         else:  # a drafter whose rows cost differently (a hybrid's lookup rows) says so before the plan
             row_costs = getattr(self.drafter, "row_draft_costs", None)
             shares = None if row_costs is None else row_costs(batch.draft_cache, histories)
-            plan = self.policy.plan(batch.rows, cap, shares)
+            row_acceptance = getattr(self.drafter, "row_acceptance", None)
+            acceptance = None if row_acceptance is None else row_acceptance(batch.draft_cache)
+            plan = self.policy.plan(batch.rows, cap, shares, acceptance)
         planned = time.perf_counter()
         drafts, draft_probs, host_len, tau, record = self._draft(batch, histories, cap, plan)
         drafted = time.perf_counter()

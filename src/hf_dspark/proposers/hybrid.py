@@ -39,35 +39,7 @@ from .lookup import (
     draft_rows,
     read_histories,
 )
-
-DSPARK, LOOKUP = 0, 1
-
-
-def agreement(proposed: list[int], committed: list[int]) -> int:
-    """How many leading tokens of `proposed` equal the tokens committed after them (the lagged score)."""
-    count = 0
-    for p, c in zip(proposed, committed):
-        if p != c:
-            break
-        count += 1
-    return count
-
-
-def choose_sources(
-    match_lengths: torch.Tensor,
-    lookup_score: torch.Tensor,
-    dspark_score: torch.Tensor,
-    min_match: int = 1,
-    margin: float = 0.0,
-) -> torch.Tensor:
-    """Per row, the source of this round's drafts: LOOKUP where the lookup matched (n-gram length ≥ `min_match`)
-    and its lagged score beats DSpark's by more than `margin`, else DSPARK.
-
-    match_lengths `[R]` (0: no match), lookup_score / dspark_score `[R]` lagged mean agreements -> `[R]` sources.
-    Its inputs are all functions of the committed context and earlier rounds: never this round's drafts.
-    """
-    use_lookup = (match_lengths >= min_match) & (lookup_score > dspark_score + margin)
-    return torch.where(use_lookup, LOOKUP, DSPARK)
+from .scoring import DSPARK, LOOKUP, choose_sources, lookup_conditional, resolved_agreement
 
 
 @dataclass
@@ -275,11 +247,17 @@ class HybridDrafter:
             state.pending = [entry for entry in state.pending if entry[0] != DSPARK]
 
     def _score(self, state: HybridRowState, history: list[int]) -> None:
-        """Fold the agreement of every pending proposal that the history now resolves into the lagged scores."""
+        """Fold the agreement of every pending proposal that the history now resolves (`resolved_agreement`: a
+        mismatch, or all its tokens committed) into the lagged scores; the others wait for later tokens."""
+        waiting = []
         for source, start, drafts in state.pending:
             proposed = drafts.tolist() if isinstance(drafts, torch.Tensor) else drafts  # no host counts came
-            self._fold(state, source, agreement(proposed, history[start:]))
-        state.pending = []
+            got = resolved_agreement(proposed, history[start:])
+            if got is None:
+                waiting.append((source, start, proposed))
+            else:
+                self._fold(state, source, got)
+        state.pending = waiting
 
     def _plan_row(self, state: HybridRowState, history: list[int]) -> tuple[int, int, list[int]]:
         """This round's (history length, source, lookup continuation) of one row (`history`: its host mirror),
@@ -310,6 +288,16 @@ class HybridDrafter:
         `propose`). "auto" also keeps its acceptance estimate per (request, share), so per source."""
         _, planned = self._plan(cache, histories)
         return torch.tensor([1.0 if source == DSPARK else 0.0 for _, source, _ in planned], dtype=torch.float64)
+
+    def row_acceptance(self, cache: HybridCache) -> list[list[float] | None]:
+        """Per row, after `row_draft_costs` chose its source: for a lookup row, the conditional acceptance of its
+        drafts that its lagged lookup score implies (`lookup_conditional`, the same for every position), which the
+        "auto" policy plans with instead of what verification has shown it (the lookup is scored every round,
+        verified or not); None for a DSpark row (its acceptance is learnt from verification)."""
+        gamma = self.config.block_size
+        lookup = [s.planned is not None and s.planned[1] == LOOKUP for s in cache.states]
+        rates = iter(lookup_conditional([s.scores[LOOKUP] for s, use in zip(cache.states, lookup) if use], gamma))
+        return [[next(rates)] * gamma if use else None for use in lookup]
 
     @torch.no_grad()
     def propose(
@@ -347,15 +335,16 @@ class HybridDrafter:
 
     def _lookup_proposal(self, call: HybridRound) -> DSparkProposal:
         """Every row's lookup proposal: one-hot drafts (one non-blocking upload), confidences from the lagged
-        lookup score (DSpark rows are overwritten by `_combine`)."""
+        lookup score, the conditional acceptance whose drafts would be accepted that many at a time on average
+        (`lookup_conditional`; DSpark rows are overwritten by `_combine`)."""
         device, gamma = call.anchor_ids.device, self.config.block_size
         drafts = upload(call.lookup_drafts, device, call.anchor_ids.dtype)
         token_probs = torch.ones(drafts.shape, dtype=torch.float32, device=device)
         probs = self.proposer.one_hot(drafts, call.want_probs)
         confidence = None
         if self._has_confidence():
-            rows = [[min(max(s.scores[LOOKUP] / gamma, 1e-3), 0.99)] * gamma for s in call.cache.states]
-            confidence = upload(rows, device, torch.float32)
+            rates = lookup_conditional([state.scores[LOOKUP] for state in call.cache.states], gamma)
+            confidence = upload([[rate] * gamma for rate in rates], device, torch.float32)
         return DSparkProposal(drafts, probs, token_probs, confidence)
 
     def _combine(self, call: HybridRound) -> DSparkProposal:

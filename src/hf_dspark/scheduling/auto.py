@@ -28,6 +28,7 @@ class AutoPolicy(BasePolicy):
 
     needs_step_curve = True
     observes_host_ints = True
+    uses_row_acceptance = True
 
     def __init__(self, settings: PolicySettings) -> None:
         super().__init__(settings)
@@ -50,13 +51,15 @@ class AutoPolicy(BasePolicy):
         self._keys: tuple[list[Any], list[Hashable]] | None = None  # (rows, acceptance keys) of the last plan
         self._sources: dict[Any, set[Hashable]] = {}  # request -> the acceptance keys it was tracked under
 
-    def plan(self, rows, cap, draft_costs=None):
+    def plan(self, rows, cap, draft_costs=None, acceptance=None):
+        """The planner's decision; `acceptance`: the drafter's own forecasts for some rows (`row_acceptance`),
+        which replace the lagged estimates of those rows."""
         keys = acceptance_keys(rows, draft_costs)
         self._keys = (list(rows), keys)
         if draft_costs is not None or self._sources:  # keys other than the rows themselves (`forget` reads them)
             for row, key in zip(rows, keys):
                 self._sources.setdefault(row, set()).add(key)
-        self._plan = self.planner.plan(keys, cap, draft_costs)
+        self._plan = self.planner.plan(keys, cap, draft_costs, acceptance)
         return self._plan
 
     def lengths(self, survival, rows, device):

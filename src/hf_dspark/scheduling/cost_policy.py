@@ -149,17 +149,22 @@ class CostAwarePlanner:
         memory.probe_interval = int(min(max(wanted, memory.probe_interval), self.max_interval))
 
     def plan(
-        self, rows: list[Any], cap: Sequence[int] | torch.Tensor, draft_costs: torch.Tensor | None = None
+        self, rows: list[Any], cap: Sequence[int] | torch.Tensor, draft_costs: torch.Tensor | None = None,
+        acceptance: Sequence[Sequence[float] | None] | None = None,
     ) -> DraftPlan:
         """The decision for the active `rows` (ids) with `cap` `[R]` most drafts each may verify (host ints; a
         device tensor is read once); `draft_costs` `[R]`: each row's share of the draft curve's per-row cost (None:
-        1 each; see `draft_or_decode`)."""
+        1 each; see `draft_or_decode`); `acceptance` `[R]`: the drafter's own conditional acceptance forecast `[γ]`
+        of a row, or None where the lagged estimate stands (`DraftModel.row_acceptance`)."""
         count, gamma = len(rows), self.tracker.block_size
         # clipped in Python, one array built: right after a target forward every numpy call is several µs
         capped = [min(max(int(c), 0), gamma) for c in (cap.tolist() if isinstance(cap, torch.Tensor) else cap)]
         cap = np.array(capped, dtype=np.int64)
         shares = None if draft_costs is None else np.minimum(np.maximum(host_array(draft_costs, np.float64), 0.0), 1.0)
-        chosen, length = self._decide(rows, cap, shares)
+        if acceptance is not None and any(rates is not None for rates in acceptance):
+            chosen, length = self._decide_forecast(rows, cap, shares, acceptance)
+        else:
+            chosen, length = self._decide(rows, cap, shares)
         self._priced = None
         memory = self.tracker.memory
         room = any(capped)  # some row may still draft
@@ -228,6 +233,20 @@ class CostAwarePlanner:
         self._last = (key, decision, estimates)
         if decision[1] == 0 and shares is None and (floor is None or floor[0] != evidence):
             self._plain_floor = (evidence, self._plain_floor_ratio(rows, cap))
+        return decision
+
+    def _decide_forecast(
+        self, rows: list[Any], cap: np.ndarray, shares: np.ndarray | None, acceptance: Sequence
+    ) -> tuple[np.ndarray, int]:
+        """`_decide` where the drafter forecasts some rows' acceptance itself: those rows' conditional estimates are
+        its forecasts, the others' the lagged ones. Decided afresh every round (forecasts move every round)."""
+        estimates = self.tracker.host_conditional(rows)
+        for row, rates in enumerate(acceptance):
+            if rates is not None:
+                estimates[row] = np.clip(np.asarray(rates, dtype=np.float64), 0.0, 1.0)
+        survival = np.cumprod(estimates, axis=-1)
+        decision = host_draft_or_decode(self._expected(survival, cap), *self._host_costs(len(rows)), shares)
+        self._last = (None, decision, estimates)  # the key None matches no later round
         return decision
 
     def _cost_ratio(self) -> float:
