@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from hf_dspark.proposers.hybrid import DSPARK, LOOKUP, choose_sources
+from hf_dspark.proposers.scoring import DSPARK, LOOKUP, choose_sources
 from hf_dspark.verification import verify_sampling
 
 TOKEN_A, CHAINS, ROUNDS = 0, 40_000, 5

@@ -67,7 +67,7 @@ def test_a_lookup_scored_one_token_per_round_climbs_past_one():
         hybrid._score(state, text[: length + 1])  # one more token committed
     assert state.scores[LOOKUP] > 3.0  # confirmed proposals of 4 tokens: the score tends to 4, not to 1
     assert [start for _, start, _ in state.pending] == [last - 3, last - 2, last - 1]  # the unresolved ones wait
-    hybrid._score(state, text[: last + 2] + [0])  # a mismatch resolves them all
+    hybrid._score(state, [*text[: last + 2], 0])  # a mismatch resolves them all
     assert not state.pending
 
 

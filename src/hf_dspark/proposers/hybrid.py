@@ -39,7 +39,7 @@ from .lookup import (
     draft_rows,
     read_histories,
 )
-from .scoring import DSPARK, LOOKUP, choose_sources, lookup_conditional, resolved_agreement
+from .scoring import DSPARK, LOOKUP, choose_source, lookup_conditional, resolved_agreement
 
 
 @dataclass
@@ -267,14 +267,10 @@ class HybridDrafter:
             return state.planned
         self._score(state, history)
         follow, matched = self.proposer.match(state.match, history)
-        source = choose_sources(
-            torch.tensor([matched]),
-            torch.tensor([state.scores[LOOKUP]]),
-            torch.tensor([state.scores[DSPARK]]),
-            min_match=self.min_match,
-            margin=self.margin,
-        )
-        state.planned = (length, int(source[0]), follow)
+        source = choose_source(matched, state.scores[LOOKUP], state.scores[DSPARK], self.min_match, self.margin)
+        if follow:  # scored counterfactually, every round it matches, whether or not it drafts or is verified
+            state.pending.append((LOOKUP, length, draft_rows([history[-1]], [follow], self.config.block_size)[0]))
+        state.planned = (length, source, follow)
         return state.planned
 
     def _plan(self, cache: HybridCache, histories: list[torch.Tensor]) -> tuple[list[list[int]], list[tuple]]:
@@ -324,7 +320,6 @@ class HybridDrafter:
         )  # fmt: skip
         proposal = self._combine(call)
         for a, (state, (length, source, _)) in enumerate(zip(cache.states, planned)):
-            state.pending.append((LOOKUP, length, lookup_drafts[a]))  # scored counterfactually
             if source == DSPARK:
                 state.pending.append((DSPARK, length, proposal.draft_ids[a]))
             state.planned = None

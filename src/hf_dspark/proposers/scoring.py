@@ -63,6 +63,15 @@ def lookup_conditional(mean_agreement: Sequence[float], block_size: int) -> list
     return np.clip(solved, low, high).tolist()
 
 
+def choose_source(
+    match_length: int, lookup_score: float, dspark_score: float, min_match: int = 1, margin: float = 0.0
+) -> int:
+    """One row's source of this round's drafts: LOOKUP where the lookup matched (n-gram length ≥ `min_match`) and
+    its lagged score beats DSpark's by more than `margin`, else DSPARK. Its inputs are all functions of the
+    committed context and earlier rounds: never this round's drafts."""
+    return LOOKUP if match_length >= min_match and lookup_score > dspark_score + margin else DSPARK
+
+
 def choose_sources(
     match_lengths: torch.Tensor,
     lookup_score: torch.Tensor,
@@ -70,11 +79,7 @@ def choose_sources(
     min_match: int = 1,
     margin: float = 0.0,
 ) -> torch.Tensor:
-    """Per row, the source of this round's drafts: LOOKUP where the lookup matched (n-gram length ≥ `min_match`)
-    and its lagged score beats DSpark's by more than `margin`, else DSPARK.
-
-    match_lengths `[R]` (0: no match), lookup_score / dspark_score `[R]` lagged mean agreements -> `[R]` sources.
-    Its inputs are all functions of the committed context and earlier rounds: never this round's drafts.
-    """
-    use_lookup = (match_lengths >= min_match) & (lookup_score > dspark_score + margin)
-    return torch.where(use_lookup, LOOKUP, DSPARK)
+    """`choose_source` of every row: match_lengths `[R]` (0: no match), lookup_score / dspark_score `[R]` lagged mean
+    agreements -> `[R]` sources (a LongTensor on the host)."""
+    rows = zip(match_lengths.tolist(), lookup_score.tolist(), dspark_score.tolist())
+    return torch.tensor([choose_source(m, lk, ds, min_match, margin) for m, lk, ds in rows], dtype=torch.long)
