@@ -48,7 +48,8 @@ def test_bench_serve_prints_the_verdict_and_exits_0_either_way(auto_at_8, tmp_pa
     monkeypatch.setattr(bench, "load_target", lambda *a, **k: (None, None))
     monkeypatch.setattr(bench, "load_drafter", lambda *a, **k: (drafter, "a drafter"))
     monkeypatch.setattr(prompts, "chat_input_ids", lambda tokenizer, turns: torch.ones(1, 3, dtype=torch.long))
-    monkeypatch.setattr(serve, "run_serve_benchmark", lambda *a, **k: report)
+    configs = []
+    monkeypatch.setattr(serve, "run_serve_benchmark", lambda config, *a, **k: configs.append(config) or report)
     argv = [
         "bench",
         "serve",
@@ -63,8 +64,11 @@ def test_bench_serve_prints_the_verdict_and_exits_0_either_way(auto_at_8, tmp_pa
         "8",
         "--out",
         str(tmp_path / "serve.json"),
+        "--repeats",
+        "2",
     ]
     assert main(argv) == 0
+    assert configs[0].repeats == 2  # interleaved passes, the ratios' median over them
     out = capsys.readouterr().out
     assert "auto              1.30" in out
     verdict = "yes (lowest 1.050x at C=8)" if auto_at_8 > 1 else "no (0.600x at C=8)"

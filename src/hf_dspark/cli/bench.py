@@ -145,6 +145,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
             arrival_rate=args.arrival_rate,
             threshold=args.threshold,
             threads=args.threads,
+            repeats=args.repeats,
             out=args.out,
             overwrite=args.overwrite,
         )
@@ -313,6 +314,13 @@ def _add_serve_command(bench) -> None:
     )
     serve.add_argument("--requests", type=positive_int, default=16, help="finished requests per (policy, C)")
     serve.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens per request")
+    serve.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="interleaved passes over the policies at each C, each serving --requests requests per policy; a "
+        "result is the median over passes and its ratio to plain the median of the per-pass ratios",
+    )
     serve.add_argument(
         "--arrival-rate",
         type=positive_float,
