@@ -1,5 +1,5 @@
-"""The hybrid's lagged scores: when an agreement is final, what a mean agreement says per position, and how "auto"
-plans a lookup row with it."""
+"""The hybrid's lagged scores: when an agreement is final, the lookup's per-position forecast, and how "auto" plans a
+lookup row with it."""
 
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from hf_dspark.generation.policy import VerificationPolicy
 from hf_dspark.proposers import hybrid_for
 from hf_dspark.proposers.hybrid import HybridRowState
 from hf_dspark.proposers.scoring import (
-    CONDITIONAL_RANGE,
     LOOKUP,
+    LOOKUP_PRIOR,
     agreement,
-    lookup_conditional,
+    forecast_conditional,
+    observe_agreement,
     resolved_agreement,
 )
 from hf_dspark.scheduler import StepCurve
-from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
+from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker, observed_positions
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 from tests.helpers import make_drafter, make_target
 
@@ -37,35 +38,39 @@ def test_resolved_agreement_waits_while_every_committed_token_agrees():
     assert resolved_agreement([4, 5, 6], []) is None
 
 
-@pytest.mark.parametrize("gamma", [1, 4, 7])
-def test_lookup_conditional_inverts_the_expected_agreement(gamma):
-    scores = np.linspace(0.0, gamma, 57)
-    rates = np.array(lookup_conditional(scores.tolist(), gamma))
-    low, high = CONDITIONAL_RANGE
-    assert np.all(np.diff(rates) >= 0) and rates.min() >= low and rates.max() <= high
-    expected = (rates[:, None] ** np.arange(1, gamma + 1)[None, :]).sum(axis=1)
-    inside = (rates > low) & (rates < high)
-    np.testing.assert_allclose(expected[inside], scores[inside], atol=2e-3)
-    assert rates[0] == low and rates[-1] == high
+def test_observe_agreement_counts_positions_as_a_verified_round_of_gamma():
+    successes, trials = observe_agreement([0.0] * GAMMA, [0.0] * GAMMA, 2)
+    assert successes == [1.0, 1.0, 0.0, 0.0] and trials == [1.0, 1.0, 1.0, 0.0]  # position 4 censored
+    seen, kept = observed_positions(torch.tensor([GAMMA]), torch.tensor([2]), GAMMA)
+    assert trials == seen[0].double().tolist() and successes == kept[0].double().tolist()
+    successes, trials = observe_agreement(successes, trials, GAMMA, decay=0.5)
+    assert successes == [1.5, 1.5, 1.0, 1.0] and trials == [1.5, 1.5, 1.5, 1.0]
 
 
-def test_lookup_conditional_reads_a_mean_agreement_as_a_rate_not_a_fraction():
-    (rate,) = lookup_conditional([3.0], 7)  # 3 of 7 drafts accepted on average
-    assert 0.7 < rate < 0.8  # a flat 3 / 7 = 0.43 per position would forecast 0.75 accepted drafts
-    assert sum(rate**j for j in range(1, 8)) == pytest.approx(3.0, abs=2e-3)
+def test_forecast_conditional_moves_from_the_prior_to_the_observed_rate():
+    assert forecast_conditional([0.0] * GAMMA, [0.0] * GAMMA) == [LOOKUP_PRIOR] * GAMMA
+    successes, trials = [0.0] * GAMMA, [0.0] * GAMMA
+    for _ in range(40):  # always 2 of 4 agree: q = 1, 1, 0 (position 4 never observed)
+        successes, trials = observe_agreement(successes, trials, 2)
+    rates = forecast_conditional(successes, trials)
+    window = 1 / (1 - 0.8)  # decayed trials tend to 1 / (1 - decay) = 5, held against 2 pseudo-trials of 0.5
+    kept, rejected = (window + 1) / (window + 2), 1 / (window + 2)
+    assert rates[:3] == pytest.approx([kept, kept, rejected], abs=1e-4)
+    assert rates[3] == LOOKUP_PRIOR
 
 
 def test_a_lookup_scored_one_token_per_round_climbs_past_one():
     """Rounds that verify nothing commit one token each; the lookup's proposals must still be scored in full."""
     target = make_target("llama", seed=3, eos_token_id=None)
     hybrid = hybrid_for(make_drafter(target, block_size=GAMMA), "prompt-lookup", prior=(1.0, 0.0))
-    state = HybridRowState(match=None, scores=[1.0, 0.0])
+    state = HybridRowState(match=None, scores=[1.0, 0.0], lookup_counts=([0.0] * GAMMA, [0.0] * GAMMA))
     text = list(range(7, 21))
     last = len(text) - GAMMA
     for length in range(2, last):
         state.pending.append((LOOKUP, length, text[length : length + GAMMA]))  # a proposal that the text confirms
         hybrid._score(state, text[: length + 1])  # one more token committed
     assert state.scores[LOOKUP] > 3.0  # confirmed proposals of 4 tokens: the score tends to 4, not to 1
+    assert min(forecast_conditional(*state.lookup_counts)) > 0.8  # and the forecast says so at every position
     assert [start for _, start, _ in state.pending] == [last - 3, last - 2, last - 1]  # the unresolved ones wait
     hybrid._score(state, [*text[: last + 2], 0])  # a mismatch resolves them all
     assert not state.pending

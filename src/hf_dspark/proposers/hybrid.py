@@ -39,17 +39,26 @@ from .lookup import (
     draft_rows,
     read_histories,
 )
-from .scoring import DSPARK, LOOKUP, choose_source, lookup_conditional, resolved_agreement
+from .scoring import (
+    DSPARK,
+    LOOKUP,
+    choose_source,
+    forecast_conditional,
+    observe_agreement,
+    resolved_agreement,
+)
 
 
 @dataclass
 class HybridRowState:
-    """A row's lagged per-source scores, what each source proposed last (with the history length then: host ints
-    for the lookup, the DSpark drafts `[γ]` on the device, read only when no host counts score them) and this
+    """A row's lagged per-source scores, its lookup's decayed per-position counts (`lookup_counts`: successes and
+    trials `[γ]`, `scoring.observe_agreement`), what each source proposed last (with the history length then: host
+    ints for the lookup, the DSpark drafts `[γ]` on the device, read only when no host counts score them) and this
     round's choice once made (`planned`: history length, source, the lookup's continuation)."""
 
     match: RowMatchState
     scores: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    lookup_counts: tuple[list[float], list[float]] = field(default_factory=lambda: ([], []))
     pending: list[tuple[int, int, Any]] = field(default_factory=list)  # (source, history length, drafts)
     planned: tuple[int, int, list[int]] | None = None
 
@@ -213,7 +222,8 @@ class HybridDrafter:
 
     def init_cache(self, batch_size: int, capacity: int = 64) -> HybridCache:
         matches = self.proposer.init_cache(batch_size).states
-        states = [HybridRowState(m, list(self.prior)) for m in matches]
+        empty = [0.0] * self.config.block_size
+        states = [HybridRowState(m, list(self.prior), (list(empty), list(empty))) for m in matches]
         return HybridCache(self.drafter.init_cache(batch_size, capacity), states, self.drafter)
 
     def extend_context(
@@ -255,8 +265,10 @@ class HybridDrafter:
             got = resolved_agreement(proposed, history[start:])
             if got is None:
                 waiting.append((source, start, proposed))
-            else:
-                self._fold(state, source, got)
+                continue
+            self._fold(state, source, got)
+            if source == LOOKUP:
+                state.lookup_counts = observe_agreement(*state.lookup_counts, got)
         state.pending = waiting
 
     def _plan_row(self, state: HybridRowState, history: list[int]) -> tuple[int, int, list[int]]:
@@ -287,13 +299,11 @@ class HybridDrafter:
 
     def row_acceptance(self, cache: HybridCache) -> list[list[float] | None]:
         """Per row, after `row_draft_costs` chose its source: for a lookup row, the conditional acceptance of its
-        drafts that its lagged lookup score implies (`lookup_conditional`, the same for every position), which the
-        "auto" policy plans with instead of what verification has shown it (the lookup is scored every round,
+        drafts per position forecast from its resolved proposals (`scoring.forecast_conditional`), which the "auto"
+        policy plans with instead of what verification has shown it (the lookup is scored every round it matches,
         verified or not); None for a DSpark row (its acceptance is learnt from verification)."""
-        gamma = self.config.block_size
-        lookup = [s.planned is not None and s.planned[1] == LOOKUP for s in cache.states]
-        rates = iter(lookup_conditional([s.scores[LOOKUP] for s, use in zip(cache.states, lookup) if use], gamma))
-        return [[next(rates)] * gamma if use else None for use in lookup]
+        return [forecast_conditional(*s.lookup_counts) if s.planned is not None and s.planned[1] == LOOKUP else None
+                for s in cache.states]
 
     @torch.no_grad()
     def propose(
@@ -329,17 +339,17 @@ class HybridDrafter:
         return proposal
 
     def _lookup_proposal(self, call: HybridRound) -> DSparkProposal:
-        """Every row's lookup proposal: one-hot drafts (one non-blocking upload), confidences from the lagged
-        lookup score, the conditional acceptance whose drafts would be accepted that many at a time on average
-        (`lookup_conditional`; DSpark rows are overwritten by `_combine`)."""
-        device, gamma = call.anchor_ids.device, self.config.block_size
+        """Every row's lookup proposal: one-hot drafts (one non-blocking upload), confidences from the row's
+        resolved lookup proposals (`scoring.forecast_conditional`, what `row_acceptance` tells "auto"; DSpark rows
+        are overwritten by `_combine`)."""
+        device = call.anchor_ids.device
         drafts = upload(call.lookup_drafts, device, call.anchor_ids.dtype)
         token_probs = torch.ones(drafts.shape, dtype=torch.float32, device=device)
         probs = self.proposer.one_hot(drafts, call.want_probs)
         confidence = None
         if self._has_confidence():
-            rates = lookup_conditional([state.scores[LOOKUP] for state in call.cache.states], gamma)
-            confidence = upload([[rate] * gamma for rate in rates], device, torch.float32)
+            rates = [forecast_conditional(*state.lookup_counts) for state in call.cache.states]
+            confidence = upload(rates, device, torch.float32)
         return DSparkProposal(drafts, probs, token_probs, confidence)
 
     def _combine(self, call: HybridRound) -> DSparkProposal:

@@ -1,22 +1,22 @@
 """The hybrid drafter's lagged per-source scores and what they mean for scheduling: pure functions on host values.
 
 A source's score is an exponential moving average of its agreement, the leading tokens of a proposal that the
-target went on to commit. `resolved_agreement` tells when that count is final; `lookup_conditional` turns a mean
-agreement into the per-position conditional acceptance the scheduler plans with; `choose_sources` picks each row's
-source. All read only committed tokens and earlier rounds, never this round's drafts (the hybrid stays lossless).
+target went on to commit; `choose_source` picks each row's source by it. `resolved_agreement` tells when that count
+is final. The lookup's resolved agreements also fill per-position decayed counts (`observe_agreement`), from which
+`forecast_conditional` gives the conditional acceptance the scheduler plans a lookup row with. All of them read
+only committed tokens and earlier rounds, never this round's drafts (the hybrid stays lossless).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 
-import numpy as np
 import torch
 
 DSPARK, LOOKUP = 0, 1
-CONDITIONAL_RANGE = (1e-3, 0.99)  # the lookup rows' conditional acceptance is kept inside this interval
-_GRID_POINTS = 4097
+LOOKUP_PRIOR = 0.5  # a lookup row's conditional acceptance per position before any proposal of it is resolved
+LOOKUP_PRIOR_WEIGHT = 2.0  # pseudo-observations of that prior per position
+LOOKUP_DECAY = 0.8  # each new observation of a position multiplies its older counts by this
 
 
 def agreement(proposed: Sequence[int], committed: Sequence[int]) -> int:
@@ -40,27 +40,26 @@ def resolved_agreement(proposed: Sequence[int], committed: Sequence[int]) -> int
     return count
 
 
-@lru_cache(maxsize=16)
-def _agreement_grid(block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(q `[G]` on [0, 1], Σ_{j=1}^{γ} q^j `[G]`, increasing in q), the table `lookup_conditional` inverts."""
-    rate = np.linspace(0.0, 1.0, _GRID_POINTS)
-    powers = rate[:, None] ** np.arange(1, block_size + 1)[None, :]
-    return rate, powers.sum(axis=1)
+def observe_agreement(
+    successes: list[float], trials: list[float], agreement: int, decay: float = LOOKUP_DECAY
+) -> tuple[list[float], list[float]]:
+    """One resolved proposal of γ drafts whose first `agreement` (m) the target committed, in a row's decayed
+    per-position counts `[γ]` (host floats): position j (1-based) is observed iff j ≤ min(m + 1, γ), accepted iff
+    j ≤ m (as `scheduling.acceptance.observed_positions` reads a verified round with ℓ = γ); an observed position's
+    older counts are multiplied by `decay`. Returns the new (successes, trials)."""
+    seen = [j <= agreement + 1 for j in range(1, len(trials) + 1)]
+    successes = [c * decay + float(j <= agreement) if s else c for j, (c, s) in enumerate(zip(successes, seen), 1)]
+    trials = [c * decay + 1.0 if s else c for c, s in zip(trials, seen)]
+    return successes, trials
 
 
-def lookup_conditional(mean_agreement: Sequence[float], block_size: int) -> list[float]:
-    """Per row, the conditional acceptance q that a constant-rate model gives the mean agreement s:
-    Σ_{j=1}^{γ} q^j = s (the expected accepted drafts of γ when each is accepted with probability q once the
-    ones before it were), clipped to `CONDITIONAL_RANGE`.
-
-    mean_agreement `[R]` (lagged mean agreements in 0..γ, host floats) -> `[R]` host floats. The prefix survival
-    of a row's drafts is then q^j, whose sum over the γ drafts is its score (a flat q = s / γ would make it far
-    smaller: s = 3 of 7 gives 0.75 instead of 3).
-    """
-    rate, expected = _agreement_grid(int(block_size))
-    low, high = CONDITIONAL_RANGE
-    solved = np.interp(np.asarray(mean_agreement, dtype=np.float64), expected, rate)
-    return np.clip(solved, low, high).tolist()
+def forecast_conditional(
+    successes: list[float], trials: list[float], prior: float = LOOKUP_PRIOR, weight: float = LOOKUP_PRIOR_WEIGHT
+) -> list[float]:
+    """q̂_j = (successes_j + w·prior) / (trials_j + w) `[γ]`: the conditional acceptance of a row's next lookup
+    drafts at each position, from its decayed counts (`observe_agreement`) and `weight` pseudo-observations of
+    `prior`. Its running product is the forecast prefix survival the scheduler plans the row with."""
+    return [(s + weight * prior) / (t + weight) for s, t in zip(successes, trials)]
 
 
 def choose_source(
