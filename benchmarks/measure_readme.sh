@@ -22,11 +22,13 @@ echo "measuring into $OUT ($THREADS threads): $ONLY"
 for what in $ONLY; do
   case "$what" in
     speed)
-      hf-dspark bench speed --sets "${SETS[@]}" --prompts 2 --max-new-tokens 64 --repeats 2 --block-sizes 7 \
-        --threads "$THREADS" --dtype float32 --scheduler none --out "$OUT/speed.json" ;;
+      hf-dspark bench speed --sets "${SETS[@]}" --prompts 3 --max-new-tokens 64 --repeats 3 --block-sizes 7 \
+        --threads "$THREADS" --dtype float32 --methods prompt_lookup dspark dspark_auto hybrid hybrid_auto oracle \
+        --out "$OUT/speed.json" ;;
     serve)
-      hf-dspark bench serve --dtype float32 --threads "$THREADS" --concurrency 1 2 4 8 16 32 --requests 8 \
-        --max-new-tokens 32 --policies none fixed auto --prompts-per-set 3 --hybrid --out "$OUT/serve.json" ;;
+      hf-dspark bench serve --dtype float32 --threads "$THREADS" --concurrency 1 2 4 8 16 32 --requests 48 \
+        --repeats 2 --max-new-tokens 32 --policies none fixed auto --prompts-per-set 3 --hybrid \
+        --out "$OUT/serve.json" ;;
     eval)
       for temperature in 0 1; do
         hf-dspark eval --drafters "dspark=$DRAFTERS/smollm2-135m-instruct-dspark" \
