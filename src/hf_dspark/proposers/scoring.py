@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..scheduling.acceptance import row_observed_positions
+
 DSPARK, LOOKUP = 0, 1
 LOOKUP_PRIOR = 0.5  # a lookup row's conditional acceptance per position before any proposal of it is resolved
 LOOKUP_PRIOR_WEIGHT = 2.0  # pseudo-observations of that prior per position
@@ -45,10 +47,10 @@ def observe_agreement(
 ) -> tuple[list[float], list[float]]:
     """One resolved proposal of γ drafts whose first `agreement` (m) the target committed, in a row's decayed
     per-position counts `[γ]` (host floats): position j (1-based) is observed iff j ≤ min(m + 1, γ), accepted iff
-    j ≤ m (as `scheduling.acceptance.observed_positions` reads a verified round with ℓ = γ); an observed position's
+    j ≤ m (`scheduling.acceptance.row_observed_positions` of a verified round with ℓ = γ); an observed position's
     older counts are multiplied by `decay`. Returns the new (successes, trials)."""
-    seen = [j <= agreement + 1 for j in range(1, len(trials) + 1)]
-    successes = [c * decay + float(j <= agreement) if s else c for j, (c, s) in enumerate(zip(successes, seen), 1)]
+    seen, kept = row_observed_positions(len(trials), agreement, len(trials))
+    successes = [c * decay + float(k) if s else c for c, s, k in zip(successes, seen, kept)]
     trials = [c * decay + 1.0 if s else c for c, s in zip(trials, seen)]
     return successes, trials
 

@@ -80,6 +80,13 @@ def _observed_positions(verify_len: np.ndarray, accepted: np.ndarray, block_size
     return seen, positions <= accepted[:, None]
 
 
+def row_observed_positions(verify_len: int, accepted: int, block_size: int) -> tuple[list[bool], list[bool]]:
+    """`observed_positions` of one row on host ints: (observed, accepted) `[γ]` as Python bools."""
+    reach = min(accepted + 1, verify_len)
+    positions = range(1, block_size + 1)
+    return [j <= reach for j in positions], [j <= accepted for j in positions]
+
+
 def host_array(values: Any, dtype) -> np.ndarray:
     """`values` (a tensor, anywhere, or a sequence) as a host numpy array of `dtype` (a CPU tensor is not copied
     when it has the dtype already)."""
@@ -248,9 +255,8 @@ class AcceptanceTracker:
         self.version += 1
         self._pool_version += 1
         slot = int(self._slot_index([row], create=True)[0])
-        reach = min(accepted + 1, length)
-        seen = [j <= reach for j in range(1, self.block_size + 1)]
-        kept = [float(j <= accepted) for j in range(1, self.block_size + 1)]
+        seen, kept = row_observed_positions(length, accepted, self.block_size)
+        kept = [float(k) for k in kept]
         successes, trials = self._counts[slot].tolist()
         successes = [c * (self.decay if s else 1.0) + k for c, s, k in zip(successes, seen, kept)]
         trials = [c * (self.decay if s else 1.0) + float(s) for c, s in zip(trials, seen)]
