@@ -25,8 +25,9 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
   `stats.calibration_pairs()` yields held-out (logits, prefix survival) pairs for STS (`hf-dspark calibrate`).
 
 Every round the policy also records its own expectation for the admitted candidates (`last_schedule`): the
-expected committed tokens τ̂ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) and, with a step curve, Θ̂ = τ̂·SPS(B); the loop copies
-them into `DSparkGenerationStats.expected_tokens` / `expected_throughput`.
+expected committed tokens τ̂ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) and, with a step curve, Θ̂ = τ̂·SPS(B); the loop files
+them in `DSparkGenerationStats.expected_tokens` / `expected_throughput`. They are computed when read, all rounds at
+once (`ScheduleRecord.pending`), so no round spends time or a device read on them.
 """
 
 from __future__ import annotations
@@ -42,12 +43,11 @@ from ..curve_sources import CURVE_SOURCES
 from ..functional import prefix_survival
 from ..scheduling.acceptance import heldout_acceptance
 from ..scheduling.base import BasePolicy
-from ..scheduling.expectation import expected_tokens, uniform_expected_tokens
 from ..scheduling.records import PolicySettings, ScheduleRecord
 from ..scheduling.registry import canonical_policy_name, get_policy
 from ..step_curve import StepCurve
 from .options import DSparkGenerationOptions, validate_dspark_options
-from .transfer import HOST, upload
+from .transfer import HOST
 
 if TYPE_CHECKING:
     from ..modeling_outputs import DSparkProposal
@@ -95,7 +95,7 @@ class VerificationPolicy:
     memory: Any = field(default=None, repr=False)
     last_schedule: ScheduleRecord = field(default_factory=ScheduleRecord, repr=False)
     rule: Any = field(default=None, repr=False)
-    _survival: torch.Tensor | None = field(default=None, repr=False)
+    _confidence: torch.Tensor | None = field(default=None, repr=False)
     _verify_len: list[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
@@ -183,42 +183,29 @@ class VerificationPolicy:
         return torch.tensor(self.choose(proposal, cap), dtype=torch.long)
 
     def choose(self, proposal: DSparkProposal, cap) -> list[int]:
-        """`__call__`'s ℓ as host ints (what the round kernel uses)."""
+        """`__call__`'s ℓ as host ints (what the round kernel uses). The survivals are computed only for a rule
+        that reads them (`reads_survival`); the confidences are kept for `schedule`."""
         rows = proposal.draft_ids.shape[0]
-        survival = prefix_survival(proposal.confidence) if proposal.confidence is not None else None
-        chosen = self.rule.lengths(survival, rows, HOST)
+        confidence = proposal.confidence
+        reads = confidence is not None and getattr(self.rule, "reads_survival", True)
+        chosen = self.rule.lengths(prefix_survival(confidence) if reads else None, rows, HOST)
         lengths = chosen.tolist()
         caps = cap.tolist() if isinstance(cap, torch.Tensor) else list(cap)
         if chosen.dtype == torch.long and lengths and min(lengths) >= 0 and min(caps) >= max(lengths):
             verify_len = lengths  # no row's budget cuts it
         else:
             verify_len = [min(int(length), max(int(c), 0)) for length, c in zip(lengths, caps)]
-        self._survival, self._verify_len = survival, verify_len
+        self._confidence, self._verify_len = confidence, verify_len
         return verify_len
 
-    def expected_tokens_tensor(self, verify_len: torch.Tensor | Sequence[int]) -> torch.Tensor | None:
-        """τ̂ of the last decision as a device scalar (no read; `scheduling.expectation`), None without
-        confidences. verify_len: that decision's ℓ `[R]`, on the survivals' device or as host ints (one ℓ for
-        every row needs no upload)."""
-        if self._survival is None:
-            return None
-        if not isinstance(verify_len, torch.Tensor):
-            lengths = list(verify_len)
-            if lengths and min(lengths) == max(lengths):
-                return uniform_expected_tokens(self._survival, lengths[0])
-            verify_len = upload(lengths, self._survival.device)
-        return expected_tokens(self._survival, verify_len)
-
-    def schedule(self, tau: float | None) -> ScheduleRecord:
-        """`last_schedule` from the last decision's τ̂ (read back with the round's copy): Θ̂ = τ̂·SPS(B) on the
-        host, B = Σ_r (1 + ℓ_r)."""
-        if tau is None:
+    def schedule(self) -> ScheduleRecord:
+        """`last_schedule`: τ̂ (and Θ̂ = τ̂·SPS(B), B = Σ_r (1 + ℓ_r), with a step curve) of the last decision, pending
+        (`ScheduleRecord.pending`: computed when read, so a round neither computes nor reads it); empty without
+        confidences."""
+        if self._confidence is None:
             self.last_schedule = ScheduleRecord()
-        elif self.step_curve is None:
-            self.last_schedule = ScheduleRecord(tau, None)
         else:
-            batch_tokens = len(self._verify_len) + sum(self._verify_len)
-            self.last_schedule = ScheduleRecord(tau, tau * float(self.step_curve.steps_per_second_at(batch_tokens)))
+            self.last_schedule = ScheduleRecord.pending(self._confidence, self._verify_len, self.step_curve)
         return self.last_schedule
 
 

@@ -10,7 +10,7 @@ floating-point rounding: one batched projection instead of several).
 Observers (`RoundObserver.on_round`) receive a `RoundRecord` per round; nothing is written onto the drafter.
 
 Host and device: budgets, ℓ_r, keep lists and histories' bookkeeping are host ints. What the host needs from the
-device (accepted counts, next tokens, drafts, τ̂) comes down in one packed copy per round (`transfer.download`);
+device (accepted counts, next tokens, drafts) comes down in one packed copy per round (`transfer.download`);
 host decisions go up without blocking (`transfer.upload`). A policy whose ℓ depends on this round's confidences
 reads them once before the target forward (its shape depends on max ℓ); `fixed` and `auto` need no such read.
 """
@@ -31,7 +31,7 @@ from .packed_linear import PackedLinears
 from .policy import ScheduleRecord, VerificationPolicy
 from .processors import RowProcessors
 from .target_cache import RaggedTargetCache
-from .transfer import bits_float, download, float_bits, upload
+from .transfer import download, upload
 
 # (tokens to commit per active row, processed scores [A, T, V], raw logits [A, T, V]: row a's tokens were chosen at
 # its first len(tokens[a]) positions) -> how many each row kept
@@ -229,22 +229,21 @@ class RoundKernel:
             acceptance = None if row_acceptance is None else row_acceptance(batch.draft_cache)
             plan = self.policy.plan(batch.rows, cap, shares, acceptance)
         planned = time.perf_counter()
-        drafts, draft_probs, host_len, tau, record = self._draft(batch, histories, cap, plan)
+        drafts, draft_probs, host_len, record = self._draft(batch, histories, cap, plan)
         drafted = time.perf_counter()
         record.policy_seconds += planned - start
-        steps = 1 + max(host_len, default=0)
-        if steps == 1 and tau is None:  # nothing to verify: a plain decoding step
+        if max(host_len, default=0) == 0:  # nothing to verify: a plain decoding step
             out, accepted_host, next_token, valid = self._plain_round(batch, histories, commit, record)
         else:
-            out, accepted_host, next_token, valid, tau = self._verify_round(batch, histories, commit, record, drafts,
-                                                                            draft_probs, host_len, tau)
+            out, accepted_host, next_token, valid = self._verify_round(batch, histories, commit, record, drafts,
+                                                                       draft_probs, host_len)
         if self.drafter is not None:  # every round, drafted or not: the context stays complete
             batch.queue(out.features, valid, [1 + m for m in accepted_host])
             if record.drafted or batch.pending_slots() >= self.max_pending:
                 batch.flush(self.drafter, self.takes_counts)
             self.policy.observe(batch.rows, host_len, accepted_host)
             if record.drafted:
-                record.schedule = self.policy.schedule(tau)
+                record.schedule = self.policy.schedule()  # τ̂ pending: computed when read
         batch.anchor = next_token
         record.verify_len, record.accepted = host_len, accepted_host
         finished = time.perf_counter()
@@ -278,9 +277,9 @@ class RoundKernel:
         return out, [0] * rows, next_token, valid
 
     def _verify_round(self, batch: RoundBatch, histories, commit: CommitFn, record: RoundRecord, drafts, draft_probs,
-                      host_len: list[int], tau):
+                      host_len: list[int]):
         """A round that verifies drafts: one ragged target forward, verification, one download, commit. Returns
-        (the forward's output, accepted drafts per row, next tokens `[A]`, kept slots `[A, T]`, τ̂ read back)."""
+        (the forward's output, accepted drafts per row, next tokens `[A]`, kept slots `[A, T]`)."""
         steps = 1 + max(host_len, default=0)
         drafts = drafts[:, : steps - 1]
         device = batch.anchor.device
@@ -298,37 +297,34 @@ class RoundKernel:
         if not self.processors.is_empty:
             scores = self.processors.apply_positions(batch.rows, histories, drafts, scores, verify_len + 1)
         result = self._verify(drafts, draft_probs, scores, None if unmasked else verify_len, steps)
-        accepted_host, tokens, tau = self._download(result.num_accepted, result.next_token, drafts, tau)
+        accepted_host, tokens = self._download(result.num_accepted, result.next_token, drafts)
         record.committed = list(commit(tokens, scores, out.logits))
         if min(accepted_host, default=0) == steps - 1:  # every row kept every slot (so its ℓ was the longest)
             batch.target_cache.commit_every(steps)
             valid = input_valid
         else:
             valid = batch.target_cache.commit_last(steps, 1 + result.num_accepted, [1 + m for m in accepted_host])
-        return out, accepted_host, result.next_token, valid, tau
+        return out, accepted_host, result.next_token, valid
 
     @staticmethod
-    def _download(accepted, next_token, drafts, tau):
-        """The round's one device-to-host copy of accepted counts, next tokens, drafts `[A, ℓ_max]` and τ̂; returns
-        (accepted counts, each row's tokens to commit: its accepted drafts and the next token, τ̂ or None)."""
+    def _download(accepted, next_token, drafts):
+        """The round's one device-to-host copy of accepted counts, next tokens and drafts `[A, ℓ_max]`; returns
+        (accepted counts, each row's tokens to commit: its accepted drafts and the next token)."""
         rows, width = drafts.shape
-        parts = [accepted, next_token, drafts.reshape(-1)]
-        if tau is not None:
-            parts.append(float_bits(tau).to(accepted.device))
-        flat = download(torch.cat([p.to(torch.long) for p in parts]))
+        flat = download(torch.cat([accepted, next_token, drafts.reshape(-1)]))
         accepted_host, start = flat[:rows], 2 * rows
         # where each row's drafts start in `flat` (no drafts: nowhere to read, every row accepted none)
         offsets = range(start, start + rows * width, width) if width else [start] * rows
         tokens = [[*flat[o : o + m], token] for o, m, token in zip(offsets, accepted_host, flat[rows:start])]
-        return accepted_host, tokens, bits_float(flat[-1]) if tau is not None else None
+        return accepted_host, tokens
 
     def _draft(self, batch: RoundBatch, histories, cap: list[int], plan: DraftPlan):
         """Propose for the planned rows and choose ℓ: (drafts `[A, γ']` or None, draft_probs or None, ℓ `[A]` host
-        ints, τ̂ as a device scalar or None, a record with the policy's share of the time)."""
+        ints, a record with the policy's share of the time)."""
         rows, device = len(batch.rows), batch.anchor.device
         record = RoundRecord(list(batch.rows), [], [], [], drafted=0, probe=plan.probe)
         if not plan.drafts:  # no drafts (None): the round is a plain step
-            return None, None, [0] * rows, None, record
+            return None, None, [0] * rows, record
         proposed_at = time.perf_counter()  # the queued context update counts as drafting time
         batch.flush(self.drafter, self.takes_counts)
         host_index = plan.rows.tolist() if plan.rows is not None and plan.rows.numel() < rows else None
@@ -345,7 +341,6 @@ class RoundKernel:
         chosen_at = time.perf_counter()
         sub_cap = cap if index is None else [cap[i] for i in host_index]
         sub_len = self.policy.choose(proposal, sub_cap)
-        tau = self.policy.expected_tokens_tensor(sub_len)
         record.policy_seconds = time.perf_counter() - chosen_at
         record.draft_seconds = chosen_at - proposed_at
         record.drafted = len(sub_rows)
@@ -358,7 +353,7 @@ class RoundKernel:
         probs = None
         if self.do_sample:
             probs = _scatter(proposal.draft_probs[:, : max(sub_len, default=0)], index, rows)
-        return drafts, probs, _host_scatter(sub_len, host_index, rows), tau, record
+        return drafts, probs, _host_scatter(sub_len, host_index, rows), record
 
     def _verify(self, drafts, draft_probs, scores, verify_len, steps) -> VerificationResult:
         if self.do_sample:

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..scheduling.records import ScheduleRecord, resolve_schedules
+
 if TYPE_CHECKING:
-    from .policy import ScheduleRecord
     from .round import RoundRecord
 
 _LAST_STATS: weakref.WeakKeyDictionary[Any, DSparkGenerationStats] = weakref.WeakKeyDictionary()
@@ -47,7 +48,8 @@ class DSparkGenerationStats:
         accepted_drafts: per round, drafts each active row got accepted by verification (dict row -> count; may
             exceed what was committed when EOS or `max_new_tokens` cut the row).
         expected_tokens / expected_throughput: per round, the policy's τ̂ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}) and
-            Θ̂ = τ̂·SPS(B) for what it admitted (None without a confidence head / without a step curve).
+            Θ̂ = τ̂·SPS(B) for what it admitted (None without a confidence head / without a step curve); computed
+            from `schedules` (the rounds' `ScheduleRecord`s) when first read, all rounds at once.
         record_confidence: keep `confidence_logits` (set from `generation_config.dspark_record_confidence`).
         confidence_logits: per round, the raw confidence-head logits `[A, γ]` (CPU), rows in the order of that
             round's `verify_lens` keys; empty unless `record_confidence`.
@@ -78,8 +80,7 @@ class DSparkGenerationStats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     accepted_drafts: list[dict[int, int]] = field(default_factory=list)
-    expected_tokens: list[float | None] = field(default_factory=list)
-    expected_throughput: list[float | None] = field(default_factory=list)
+    schedules: list[ScheduleRecord] = field(default_factory=list, repr=False)
     record_confidence: bool = False
     confidence_logits: list[torch.Tensor] = field(default_factory=list, repr=False)
     policy_seconds: float = 0.0
@@ -105,14 +106,23 @@ class DSparkGenerationStats:
         self.verify_seconds += record.verify_seconds
 
     @property
+    def expected_tokens(self) -> list[float | None]:
+        resolve_schedules(self.schedules)
+        return [schedule.expected_tokens for schedule in self.schedules]
+
+    @property
+    def expected_throughput(self) -> list[float | None]:
+        resolve_schedules(self.schedules)
+        return [schedule.expected_throughput for schedule in self.schedules]
+
+    @property
     def skipped_rounds(self) -> int:
         """Rounds that decoded plainly, without the drafter's forward."""
         return sum(1 for count in self.drafted_rows if count == 0)
 
     def record_schedule(self, schedule: ScheduleRecord, confidence_logits: torch.Tensor | None = None) -> None:
         """Called once per round, right after the policy: its expectation, and the raw logits if recording."""
-        self.expected_tokens.append(schedule.expected_tokens)
-        self.expected_throughput.append(schedule.expected_throughput)
+        self.schedules.append(schedule)
         if self.record_confidence:
             if confidence_logits is None:
                 raise ValueError("dspark_record_confidence=True needs a drafter with a confidence head.")

@@ -7,7 +7,6 @@ devices (and on the CPU) the same calls fall back to a plain copy.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,13 +39,3 @@ def upload(values: Sequence[int] | Sequence[Sequence[int]], device: torch.device
     if torch.device(device).type == "cuda":
         host = host.pin_memory()
     return host.to(device, non_blocking=True)
-
-
-def float_bits(value: torch.Tensor) -> torch.Tensor:
-    """A float scalar tensor as one int64 `[1]` carrying its float64 bits (to ride in an integer packed copy)."""
-    return value.reshape(1).to(torch.float64).view(torch.int64)
-
-
-def bits_float(bits: int) -> float:
-    """The float64 whose bits `float_bits` packed into the int `bits`."""
-    return struct.unpack("<d", struct.pack("<q", bits))[0]

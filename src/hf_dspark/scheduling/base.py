@@ -45,14 +45,16 @@ class BasePolicy:
 
     `rule` (optional): the policy's pure function `rule(survival, step_curve, **options) -> [R]`, for stateless use
     through `schedule` (benchmarks); `uses_capacity_survival`: `schedule` forwards `capacity_survival` to it;
-    `observes_host_ints`: `observe` also accepts `verify_len` / `accepted` as host int lists (the round kernel then
-    passes the lists it has instead of building tensors); `uses_row_acceptance`: `plan` takes `acceptance=`, the
-    drafter's own per-row forecasts (`DraftModel.row_acceptance`).
+    `reads_survival` (default True): `lengths` reads the survivals when there are any (False: the caller skips
+    computing them); `observes_host_ints`: `observe` also accepts `verify_len` / `accepted` as host int lists (the
+    round kernel then passes the lists it has instead of building tensors); `uses_row_acceptance`: `plan` takes
+    `acceptance=`, the drafter's own per-row forecasts (`DraftModel.row_acceptance`).
     """
 
     needs_step_curve: ClassVar[bool] = False
     needs_confidence: ClassVar[bool] = False
     uses_capacity_survival: ClassVar[bool] = False
+    reads_survival: ClassVar[bool] = True  # `lengths` uses the survivals when given (False: not computed for it)
     observes_host_ints: ClassVar[bool] = False  # `observe` takes host int lists as well as tensors
     uses_row_acceptance: ClassVar[bool] = False  # `plan` takes the drafter's forecasts (`acceptance=`)
     rule: ClassVar[Any] = None

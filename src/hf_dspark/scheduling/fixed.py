@@ -24,6 +24,7 @@ class FixedPolicy(BasePolicy):
     """`"fixed"`: ℓ_r = `verify_len` (γ when unset) for every row; needs no confidence head."""
 
     rule = staticmethod(schedule_fixed)
+    reads_survival = False
 
     def lengths(self, survival, rows, device):
         length = self.settings.block_size if self.settings.verify_len is None else self.settings.verify_len
