@@ -128,3 +128,18 @@ def grouped_query_attention(queries: torch.Tensor, keys: torch.Tensor, values: t
     mask = mask.expand(batch, 1, steps, mask.shape[-1]).repeat(1, 1, groups, 1)
     out = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=scale)
     return out.reshape(batch, heads, steps, values.shape[-1])
+
+
+ARGMAX_MAX_ELEMENTS = 4096  # up to this many scores `argmax` is the faster kernel; above it, `max`
+
+
+def greedy_token_ids(scores: torch.Tensor) -> torch.Tensor:
+    """The greedy choice argmax_v scores[..., v]: `[..., V]` -> `[...]` long.
+
+    `max(dim).indices` and `argmax` pick the same index (the first maximum, NaN included), but on CPU `max` runs
+    2-3× faster at vocabulary sizes (one thread, `[8, 8, 49152]`: 1.6 ms against 5.1 ms), while `argmax` is
+    faster on a few thousand scores; the kernel is chosen by size, the result is the same.
+    """
+    if scores.numel() <= ARGMAX_MAX_ELEMENTS:
+        return scores.argmax(dim=-1)
+    return scores.max(dim=-1).indices

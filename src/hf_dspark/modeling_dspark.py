@@ -22,7 +22,7 @@ from .draft_vocab import (
     token_ids_from_d2t,
 )
 from .drafter_hooks import HOOKS
-from .functional import calibrated_confidence, semi_autoregressive_logits
+from .functional import calibrated_confidence, greedy_token_ids, semi_autoregressive_logits
 from .heads import ConfidenceHead, MarkovHead, build_sequential_head
 from .io_utils import check_folder_path
 from .layers import DSparkDecoderLayer, DSparkRMSNorm, DSparkRope
@@ -40,7 +40,7 @@ def _draw(
     p_draft = torch.softmax(logits.float(), dim=-1)
     if do_sample:
         return torch.multinomial(p_draft, 1, generator=generator).squeeze(-1), p_draft
-    return logits.argmax(dim=-1), p_draft
+    return greedy_token_ids(logits), p_draft
 
 
 @dataclass

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..functional import greedy_token_ids
 from ..scheduling.registry import NO_SPECULATION, available_policies, canonical_policy_name
 from .call_checks import check_attention_implementation, rope_reach_refusal, rope_threshold
 from .drafting import feature_layers
@@ -368,7 +369,7 @@ class DSparkEngine:
     # ------------------------------------------------------------------ one round
     def _pick(self, scores: torch.Tensor) -> torch.Tensor:
         if not self.do_sample:
-            return scores.argmax(dim=-1)
+            return greedy_token_ids(scores)
         return torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(-1)
 
     def _round(self, start: float) -> list[tuple[int, list[int]]]:

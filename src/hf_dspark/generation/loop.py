@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.utils import logging
 
+from ..functional import greedy_token_ids
 from .attention import packed_gqa_config
 from .options import DSparkGenerationOptions
 from .output_cache import dict_output
@@ -40,7 +41,7 @@ logger = logging.get_logger(__name__)
 def _pick(scores: torch.Tensor, do_sample: bool) -> torch.Tensor:
     if do_sample:
         return torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(-1)
-    return scores.argmax(dim=-1)
+    return greedy_token_ids(scores)
 
 
 class DSparkLoop:

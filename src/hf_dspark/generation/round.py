@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..functional import greedy_token_ids
 from ..verification import VerificationResult, verify_greedy, verify_sampling
 from .cost_policy import DraftPlan
 from .drafting import draft_logits_processor, extend_drafter_context, feature_layers, takes_host_counts
@@ -262,7 +263,7 @@ class RoundKernel:
         rows, inputs = len(batch.rows), batch.anchor[:, None]
         valid = torch.ones(rows, 1, dtype=torch.bool, device=inputs.device)
         out = batch.target_cache.forward(self.target, inputs, valid, self.taps, packs=self.packs,
-                                         host_input_counts=[1] * rows)
+                                         host_input_counts=[1] * rows, keep_all=True)
         scores = out.logits
         if not self.processors.is_empty:
             counts = torch.ones(rows, dtype=torch.long, device=inputs.device)
@@ -271,9 +272,9 @@ class RoundKernel:
         if self.do_sample:  # `verify_sampling` without drafts: a draw from the target's distribution
             next_token = torch.multinomial(torch.softmax(last, dim=-1), 1).squeeze(1)
         else:
-            next_token = last.argmax(dim=-1)
+            next_token = greedy_token_ids(last)
         record.committed = list(commit([[token] for token in download(next_token)], scores, out.logits))
-        batch.target_cache.commit_every(1)
+        batch.target_cache.commit_every(1, marked=True)
         return out, [0] * rows, next_token, valid
 
     def _verify_round(self, batch: RoundBatch, histories, commit: CommitFn, record: RoundRecord, drafts, draft_probs,
@@ -359,4 +360,4 @@ class RoundKernel:
         if self.do_sample:
             probs = draft_probs[:, : steps - 1] if draft_probs is not None else scores[:, :0]
             return verify_sampling(drafts, probs, torch.softmax(scores, dim=-1), verify_len)
-        return verify_greedy(drafts, scores.argmax(dim=-1), verify_len)
+        return verify_greedy(drafts, greedy_token_ids(scores), verify_len)

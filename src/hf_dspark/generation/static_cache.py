@@ -163,9 +163,11 @@ class StaticTargetCache:
         extra_kwargs: dict | None = None,
         packs: PackedLinears | None = None,
         host_input_counts=None,
+        keep_all: bool = False,
     ) -> VerifyOutput:
         """One target forward over `[A, T]` new tokens, padded to its bucket; fp32 logits / features for the T
-        (`host_input_counts`: unused, the static path always writes its mask buffer)."""
+        (`host_input_counts`: unused, the static path always writes its mask buffer; `keep_all`: unused, kept slots
+        are told by the write offsets at commit)."""
         steps = input_ids.shape[1]
         bucket = self.bucket(steps)
         padded = torch.nn.functional.pad(input_ids, (0, bucket - steps))
@@ -201,8 +203,8 @@ class StaticTargetCache:
         self.next_position = self.next_position + kept
         return torch.arange(steps, device=kept.device)[None, :] < kept[:, None]
 
-    def commit_every(self, steps: int) -> None:
-        """Every row keeps all `steps` slots of the last forward (a plain decoding step)."""
+    def commit_every(self, steps: int, marked: bool = False) -> None:
+        """Every row keeps all `steps` slots of the last forward (a plain decoding step; `marked`: unused)."""
         self.offset = self.offset + steps
         self.next_position = self.next_position + steps
 

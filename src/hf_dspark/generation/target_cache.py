@@ -180,11 +180,13 @@ class RaggedTargetCache:
 
     def forward(self, model, input_ids: torch.Tensor, input_valid: torch.Tensor, tap_indices: list[int],
                 extra_kwargs: dict | None = None, packs: PackedLinears | None = None,
-                host_input_counts: Sequence[int] | None = None) -> VerifyOutput:
+                host_input_counts: Sequence[int] | None = None, keep_all: bool = False) -> VerifyOutput:
         """One target forward over `[A, T]` new tokens; returns fp32 logits and tapped features for all T.
         packs: the target's packed linear weights (`packed_linear`), or None. host_input_counts: each row's valid
         inputs (1 + ℓ_r) as host ints; with the host mirror they tell a batch without holes, which an SDPA target
-        then runs without a mask (transformers' causal path, no device read of the mask)."""
+        then runs without a mask (transformers' causal path, no device read of the mask). keep_all: the caller keeps
+        every new slot (a plain step): they are marked valid now, and its `commit_every(steps, marked=True)` has
+        nothing left to mark."""
         steps = input_ids.shape[1]
         if steps == 1:  # a plain step: each row's next position (a view; `next_position` is replaced, never written)
             positions = self.next_position[:, None]
@@ -205,8 +207,9 @@ class RaggedTargetCache:
                 output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),
             )
         self.cache = out.cache
-        # Until `commit`, the new slots count as holes.
-        self.valid = torch.cat([self.valid, torch.zeros_like(input_valid, dtype=torch.bool)], dim=1)
+        # Until `commit`, the new slots count as holes (unless every one is kept).
+        appended = input_valid.bool() if keep_all else torch.zeros_like(input_valid, dtype=torch.bool)
+        self.valid = torch.cat([self.valid, appended], dim=1)
         self.max_width = max(self.max_width, self.width)
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1) if tap_indices else None
         return VerifyOutput(out.logits.float(), features)
@@ -248,10 +251,11 @@ class RaggedTargetCache:
         self.valid = self.valid[:, :-slots]
         self.positions = self.positions[:, :-slots]
 
-    def commit_every(self, steps: int) -> None:
+    def commit_every(self, steps: int, marked: bool = False) -> None:
         """The last forward appended `steps` slots and every row keeps them all (`commit_last` without a device
-        tensor of counts: a plain decoding step)."""
-        self.valid[:, -steps:].fill_(True)  # a view filled in place (cheaper than indexed assignment)
+        tensor of counts: a plain decoding step). marked: that forward ran with `keep_all` (its slots are valid)."""
+        if not marked:
+            self.valid[:, -steps:].fill_(True)  # a view filled in place (cheaper than indexed assignment)
         self.next_position = self.next_position + steps
         if self.host_counts is not None:
             self.host_counts = [have + steps for have in self.host_counts]

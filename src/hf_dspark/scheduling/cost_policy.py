@@ -105,15 +105,20 @@ class CostAwarePlanner:
         verify, draft = self._host_costs(rows)
         return torch.from_numpy(verify), torch.from_numpy(draft)
 
-    def _host_costs(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        """`corrected_costs` as float64 host arrays (the uncorrected ones are cached host copies of the tables, one
-        pair per row count: read-only to callers)."""
+    def _tables(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The uncorrected (T_verify `[γ + 1]`, T_draft `[rows + 1]`) as float64 host arrays, cached per row count
+        (read-only to callers)."""
         tables = self._host_tables.get(rows)
         if tables is None:
             tables = (host_array(self.verify_seconds(rows), np.float64).copy(),
                       host_array(self.draft_seconds(rows), np.float64).copy())
             self._host_tables[rows] = tables
-        verify, draft = tables
+        return tables
+
+    def _host_costs(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """`corrected_costs` as float64 host arrays (the uncorrected ones are cached host copies of the tables, one
+        pair per row count: read-only to callers)."""
+        verify, draft = self._tables(rows)
         if not self.measured_costs:
             return verify, draft
         costs = self.tracker.memory.costs
@@ -128,10 +133,11 @@ class CostAwarePlanner:
         if rows == 0 or not self.measured_costs:
             return
         longest = max(record.verify_len, default=0)
-        predicted = float(self.verify_seconds(rows).numpy()[min(longest, self.tracker.block_size)])
+        verify, draft = self._tables(rows)
+        predicted = float(verify[min(longest, self.tracker.block_size)])
         if record.drafted:
             priced = record.drafted if self._priced is None else self._priced
-            predicted += float(self.draft_seconds(rows).numpy()[priced])
+            predicted += float(draft[priced])
         measured = record.verify_seconds + record.draft_seconds
         costs = self.tracker.memory.costs
         costs.observe(bool(record.drafted), measured, predicted)
