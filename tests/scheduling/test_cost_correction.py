@@ -214,3 +214,20 @@ def test_a_probe_dearer_than_planned_spaces_the_next_one_by_its_measured_cost():
     planner.max_interval = 50
     planner.observe_round(probe(2.5))
     assert memory.probe_interval == 50
+
+
+def test_acceptance_correction_is_a_shrunk_decayed_ratio():
+    from hf_dspark.scheduling.cost_correction import AcceptanceCorrection
+
+    correction = AcceptanceCorrection(decay=0.5, prior_drafts=2.0)
+    assert correction.factor == 1.0 and correction.key() == 0
+    correction.observe(4.0, 1.0)
+    assert correction.factor == (1.0 + 2.0) / (4.0 + 2.0)
+    correction.observe(4.0, 1.0)
+    assert correction.forecast == 6.0 and correction.accepted == 1.5
+    correction.observe(2.0, 8.0)  # more accepted than forecast: the factor never exceeds 1
+    assert correction.factor == 1.0
+    correction.observe(0.0, 3.0)  # a round that forecast nothing is ignored
+    assert correction.forecast == 5.0
+    with pytest.raises(ValueError):
+        AcceptanceCorrection(decay=1.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import torch
 
 from hf_dspark.scheduler import StepCurve
@@ -175,3 +176,33 @@ def test_a_drafting_plans_forecast_is_the_trackers_estimate_of_its_rows():
             assert np.array_equal(one, tracker.host_conditional(drafting[:1]))
             plans += 1
     assert plans > 40
+
+
+def test_forecasts_that_run_high_shrink_later_gains():
+    """Rows whose estimates promise 0.9 per position but whose drafts are accepted half as often: the planner's
+    correction falls towards the realised ratio, and a marginal draft stops being planned."""
+    planner = _planner(rate=0.9)
+    correction = planner.tracker.memory.acceptance
+    assert correction.factor == 1.0
+    rows, cap = ["a", "b"], [GAMMA, GAMMA]
+    plan = planner.plan(rows, cap)
+    assert plan.drafts and plan.length == GAMMA
+    forecast = float(planner.tracker.host_survival(["a"]).sum())  # ≈ Σ_j 0.9^j
+    planner.observe_acceptance([GAMMA, 0], [1, 0])  # row b did not draft: it forecasts nothing
+    assert correction.forecast == pytest.approx(forecast, rel=1e-12) and correction.accepted == 1.0
+    for _ in range(40):  # the same plan again and again, half its forecast accepted
+        planner.plan(rows, cap)
+        planner.observe_acceptance([GAMMA, GAMMA], [1, 1])
+    assert 0.3 < correction.factor < 0.4  # ≈ 2 / (2 · Σ 0.9^j) = 0.32, pulled up by the prior drafts
+    assert planner.plan(rows, cap).drafts  # 2 + 2 · 0.37 · 3.1 tokens in 1.1 s still beat 2 in 1 s
+    correction.forecast *= 100  # forecasts far too high: the shrunk gain no longer pays the 0.1 s proposal
+    assert not planner.plan(rows, cap).drafts
+
+
+def test_probes_and_plain_rounds_report_no_forecast():
+    planner = _planner(rate=0.0)
+    correction = planner.tracker.memory.acceptance
+    for _ in range(20):
+        plan = planner.plan(["a"], [GAMMA])
+        planner.observe_acceptance([plan.length if plan.drafts else 0], [0])
+    assert correction.forecast == 0.0 and correction.factor == 1.0

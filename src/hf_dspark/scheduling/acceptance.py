@@ -23,13 +23,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .cost_correction import CostCorrection
+from .cost_correction import AcceptanceCorrection, CostCorrection
 
 
 @dataclass
 class AcceptanceMemory:
     """Pooled decayed counts `[γ]` over every observed row (the prior of new requests), the probe schedule and the
-    measured round costs (`CostCorrection`), kept across calls through a caller-owned
+    measured round costs (`CostCorrection`) and how far its drafting rounds' forecasts ran above what was accepted
+    (`AcceptanceCorrection`), kept across calls through a caller-owned
     `hf_dspark.scheduling.PolicyMemory`.
 
     The probe schedule: `probe_interval`, rounds between probes within the probe budget; `futile_probes`, probes in a
@@ -44,6 +45,7 @@ class AcceptanceMemory:
     futile_probes: int = 0
     probe_verdict_due: bool = False
     costs: CostCorrection = field(default_factory=CostCorrection)
+    acceptance: AcceptanceCorrection = field(default_factory=AcceptanceCorrection)
 
     @classmethod
     def empty(cls, block_size: int) -> AcceptanceMemory:

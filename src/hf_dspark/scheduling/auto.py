@@ -75,9 +75,13 @@ class AutoPolicy(BasePolicy):
         return torch.full((rows,), length, dtype=torch.long, device=device)
 
     def observe(self, rows, verify_len, accepted):
-        """Record the round under the keys its plan used (each row's source this round)."""
+        """Record the round under the keys its plan used (each row's source this round), and the plan's forecast
+        against what was accepted."""
         planned = self._keys is not None and self._keys[0] == list(rows)
         self.planner.tracker.observe(self._keys[1] if planned else list(rows), verify_len, accepted)
+        if planned:  # the plan's forecast against what was accepted (`AcceptanceCorrection`)
+            host = [v.tolist() if isinstance(v, torch.Tensor) else list(v) for v in (verify_len, accepted)]
+            self.planner.observe_acceptance(*host)
 
     def observe_round(self, record):
         self.planner.observe_round(record)

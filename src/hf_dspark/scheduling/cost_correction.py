@@ -1,4 +1,5 @@
-"""Measured round costs for the "auto" policy: how far real rounds are from the cost curves, learned online.
+"""Measured corrections for the "auto" policy: how far real rounds are from the cost curves (and drafts from their
+forecast), learned online.
 
 The curves the policy plans with (the target's SPS(B), the drafter's proposals per second) are profiled once, on
 a quiet machine, with fixed context lengths. Real rounds differ: longer caches, the drafter's queued context
@@ -20,8 +21,12 @@ measured at 1.5-3× a warm round on CPU). And f_rel can only be re-measured by d
 prevents, so after `idle_grace` plain rounds in a row it drifts back towards 1 (log f_rel × `idle_relax` per
 round): drafting is tried again, and if it really is dearer the new rounds raise f_rel again.
 
-Lossless: the correction is a function of earlier rounds' wall times, never of the current round's drafts or the
-target's outputs, so the decision stays a stopping rule measurable with respect to the past (Appendix A).
+`AcceptanceCorrection` does the same for the other side of the decision: how many drafts the planned rounds'
+lagged estimates forecast against how many verification accepted (the chosen rows' estimates run high).
+
+Lossless: each correction is a function of earlier rounds' wall times or acceptances, never of the current round's
+drafts or the target's outputs, so the decision stays a stopping rule measurable with respect to the past
+(Appendix A).
 """
 
 from __future__ import annotations
@@ -103,3 +108,46 @@ def running_log_mean(current: float, value: float, seen: int, correction: CostCo
     exponential moving average. current / value: log ratios; seen: n, observations before this one."""
     step = max(correction.weight, 1.0 / (seen + correction.prior_rounds + 1))
     return current + step * (value - current)
+
+
+@dataclass
+class AcceptanceCorrection:
+    """Realised ÷ forecast accepted drafts of the rounds the "auto" policy chose to draft: f_acc ≤ 1, learned online.
+
+    A round drafts the rows whose lagged estimates promise the most, so among many rows the chosen ones' estimates
+    run high on average (a winner's curse, strongest at high load where the margin of drafting over plain decoding
+    is thinnest). Each planned drafting round (not a probe, which is optimistic on purpose) reports the drafts its
+    plan's estimates forecast for the ℓ_r its rows verified, F = Σ_r Σ_{j≤ℓ_r} â_{r,j}, and the drafts accepted, A.
+    Both are kept as decayed sums and f_acc = min(1, (A + w) / (F + w)), with w pseudo-drafts at f = 1; the planner
+    scales every expected gain by f_acc. It only shrinks: estimates that run low are corrected by the per-request
+    acceptance itself, which then drafts more.
+
+    Args:
+        decay: each drafting round multiplies the old sums by this (a window of ≈ 1 / (1 − decay) rounds).
+        prior_drafts: w.
+    """
+
+    decay: float = 0.95
+    prior_drafts: float = 8.0
+    forecast: float = 0.0
+    accepted: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.decay < 1.0 or self.prior_drafts <= 0.0:
+            raise ValueError("AcceptanceCorrection needs 0 <= decay < 1 and prior_drafts > 0.")
+
+    def observe(self, forecast_drafts: float, accepted_drafts: float) -> None:
+        """One planned drafting round: the drafts its estimates forecast and those verification accepted."""
+        if not (forecast_drafts > 0.0 and math.isfinite(forecast_drafts)) or accepted_drafts < 0:
+            return
+        self.forecast = self.forecast * self.decay + forecast_drafts
+        self.accepted = self.accepted * self.decay + accepted_drafts
+
+    @property
+    def factor(self) -> float:
+        """f_acc ∈ (0, 1]."""
+        return min(1.0, (self.accepted + self.prior_drafts) / (self.forecast + self.prior_drafts))
+
+    def key(self, resolution: float = 0.02) -> int:
+        """f_acc rounded to `resolution` in log space (what cached decisions key on)."""
+        return round(math.log(self.factor) / resolution)

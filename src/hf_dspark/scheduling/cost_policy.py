@@ -18,7 +18,9 @@ first plan that drafts again resets it (like a serving engine's back-off from sp
 observed before probes in its first round.
 
 The curves are corrected by what earlier rounds measured (`cost_correction.CostCorrection`, fed by
-`observe_round`): plain rounds' predicted cost × f_plain, drafting rounds' × f_drafting.
+`observe_round`): plain rounds' predicted cost × f_plain, drafting rounds' × f_drafting; and the expected gains by
+how the drafting rounds' forecasts fared (`cost_correction.AcceptanceCorrection`, fed by `observe_acceptance`):
+× f_acc ≤ 1.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class CostAwarePlanner:
     _priced: int | None = field(default=None, repr=False)
     _plain_floor: tuple[Any, float] | None = field(default=None, repr=False)  # (evidence key, cost ratio)
     _host_tables: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, repr=False)
+    _forecast: np.ndarray | None = field(default=None, repr=False)  # a drafting plan's estimates `[R, γ]`
 
     def verify_seconds(self, rows: int) -> torch.Tensor:
         """T_verify(rows·(1 + L)) for L = 0..γ (cached per row count)."""
@@ -171,7 +174,7 @@ class CostAwarePlanner:
             chosen, length = self._decide_forecast(rows, cap, shares, acceptance)
         else:
             chosen, length = self._decide(rows, cap, shares)
-        self._priced = None
+        self._priced, self._forecast = None, None
         memory = self.tracker.memory
         room = any(capped)  # some row may still draft
         if length > 0 or (memory.probe_verdict_due and room):
@@ -182,6 +185,7 @@ class CostAwarePlanner:
             memory.rounds_since_probe = 0
             drafting = np.flatnonzero(chosen)
             estimates = self._last[2]  # the decision's own: a drafting plan was computed afresh or cached with them
+            self._forecast = estimates  # what `observe_acceptance` holds the round to
             forecast = torch.from_numpy(estimates[drafting])
             self._priced = _priced_rows(chosen, shares)
             return DraftPlan(
@@ -206,6 +210,24 @@ class CostAwarePlanner:
             priced_rows=self._priced,
         )
 
+    def observe_acceptance(self, verify_len: Sequence[int], accepted: Sequence[int]) -> None:
+        """After a planned drafting round (not a probe), every active row's verified ℓ_r and accepted drafts (host
+        ints): the drafts its plan's estimates forecast, Σ_r Σ_{j≤ℓ_r} â_{r,j}, against those accepted, to the
+        memory's `AcceptanceCorrection`."""
+        estimates, self._forecast = self._forecast, None
+        if estimates is None or len(verify_len) != len(estimates):
+            return
+        if len(estimates) == 1:  # one row: Python floats
+            survival, forecast = 1.0, 0.0
+            for q in estimates[0].tolist()[: int(verify_len[0])]:
+                survival *= q
+                forecast += survival
+        else:
+            survival = np.cumprod(estimates, axis=-1)
+            verified = np.arange(estimates.shape[1])[None, :] < np.asarray(verify_len, dtype=np.int64)[:, None]
+            forecast = float((survival * verified).sum())
+        self.tracker.memory.acceptance.observe(forecast, float(sum(accepted)))
+
     def probe_wait(self, memory: AcceptanceMemory) -> int:
         """Plain rounds before the next probe: the budgeted interval, doubled per futile probe in a row, at most
         `max_interval` (never below `min_interval`, nor 1)."""
@@ -220,7 +242,7 @@ class CostAwarePlanner:
         tracker, memory = self.tracker, self.tracker.memory
         trials = tuple(memory.trials.tolist())  # the pooled counts (another call sharing the memory may move them)
         evidence = (tuple(rows), cap.tobytes(), tracker.version - tracker.relaxations, trials)
-        evidence += (None if shares is None else shares.tobytes(),)
+        evidence += (None if shares is None else shares.tobytes(), memory.acceptance.key())
         key = (*evidence, tracker.version, memory.costs.key())
         if self._last is not None and self._last[0] == key:
             return self._last[1]
@@ -234,7 +256,7 @@ class CostAwarePlanner:
             estimates = np.array([conditional], dtype=np.float64)  # bit for bit `host_conditional(rows)`
         else:
             estimates = tracker.host_conditional(rows)
-            survival = np.cumprod(estimates, axis=-1)  # `host_survival(rows)`
+            survival = np.cumprod(estimates, axis=-1) * memory.acceptance.factor  # `host_survival(rows)`, shrunk
             decision = host_draft_or_decode(self._expected(survival, cap), *self._host_costs(len(rows)), shares)
         self._last = (key, decision, estimates)
         if decision[1] == 0 and shares is None and (floor is None or floor[0] != evidence):
@@ -250,7 +272,7 @@ class CostAwarePlanner:
         for row, rates in enumerate(acceptance):
             if rates is not None:
                 estimates[row] = np.clip(np.asarray(rates, dtype=np.float64), 0.0, 1.0)
-        survival = np.cumprod(estimates, axis=-1)
+        survival = np.cumprod(estimates, axis=-1) * self.tracker.memory.acceptance.factor
         decision = host_draft_or_decode(self._expected(survival, cap), *self._host_costs(len(rows)), shares)
         self._last = (None, decision, estimates)  # the key None matches no later round
         return decision
@@ -268,7 +290,7 @@ class CostAwarePlanner:
         grows with the estimates: the bound is the largest left side at the ceiling, raised by a relative 1e-9
         that covers the rounding of either evaluation (shares: not bounded here)."""
         count = len(rows)
-        survival = np.cumprod(self.tracker.idle_ceiling(rows), axis=-1)
+        survival = np.cumprod(self.tracker.idle_ceiling(rows), axis=-1) * self.tracker.memory.acceptance.factor
         extra = self._expected(survival, cap)[:, 1:] - 1.0  # [R, γ]
         gained = count + np.cumsum(-np.sort(-extra, axis=0), axis=0)  # [k, L]: the top-k rows' gains
         verify = host_array(self.verify_seconds(count), np.float64)
@@ -293,9 +315,10 @@ class CostAwarePlanner:
             priced = min(max(math.ceil(share - 1e-9), 0), 1)
             draft = draft if priced > 0 else 0.0
         survival, gains, best, best_length = 1.0, 0.0, None, 0
+        factor = self.tracker.memory.acceptance.factor
         for length, q in enumerate(conditional, start=1):
             survival *= q
-            gains += survival * (1.0 if length <= cap else 0.0)
+            gains += survival * factor * (1.0 if length <= cap else 0.0)
             theta = (1 + max((1.0 + gains) - 1.0, 0.0)) / (verify[length] + draft)
             if best is None or theta > best:  # the first of equal maxima, as argmax
                 best, best_length = theta, length
