@@ -194,9 +194,10 @@ def sunk_cost_stop(
     if gamma <= 0 or survival.shape[0] == 0:
         return 0
     # Plain Python on lists: S ≤ a few dozen rows and γ ≤ 16 make tensor ops slower here than the arithmetic.
-    known = survival[:, :gamma].to(torch.float64).clamp_min(0.0).tolist()  # a_{s,j}, j = 1..γ
-    rates = None if forecast is None else forecast[:, :gamma].to(torch.float64).clamp(0.0, 1.0).tolist()
-    cost = [draft_seconds + seconds for seconds in verify_seconds[: gamma + 1].to(torch.float64).tolist()]
+    # clipped in the inputs' dtype, then read once (float32 values are exact as Python floats: no float64 cast)
+    known = survival[:, :gamma].clamp_min(0.0).tolist()  # a_{s,j}, j = 1..γ
+    rates = None if forecast is None else forecast[:, :gamma].clamp(0.0, 1.0).tolist()
+    cost = [draft_seconds + float(seconds) for seconds in verify_seconds[: gamma + 1].tolist()]
     banked = float(rows)  # rows + Σ_s Σ_{j≤L} a_{s,j}: Θ(L)'s numerator
     for length in range(gamma):
         column = [row[length] for row in known]  # a_{·,L+1}, known now
