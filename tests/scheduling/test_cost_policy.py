@@ -206,3 +206,22 @@ def test_probes_and_plain_rounds_report_no_forecast():
         plan = planner.plan(["a"], [GAMMA])
         planner.observe_acceptance([plan.length if plan.drafts else 0], [0])
     assert correction.forecast == 0.0 and correction.factor == 1.0
+
+
+def test_a_probe_costs_at_most_its_cap():
+    """A compute-bound batch of 8 rows: T_verify(B) = 1 + B/16 s, so verifying L drafts on every row costs
+    (1 + (1 + L)/2) / 1.5 plain rounds. With good drafts L = γ = 4 would pay best, but a probe under the default
+    cap of two plain rounds (3 s) verifies L = 3; without the cap it verifies all 4."""
+    sizes = [8, 16, 24, 32, 40]
+    curve = StepCurve(sizes, [1.0 / (1.0 + size / 16) for size in sizes])
+    rows = [f"r{i}" for i in range(8)]
+
+    def first_plan(**options):
+        tracker = AcceptanceTracker(GAMMA, AcceptanceMemory.empty(GAMMA), prior=0.1)  # drafting would not pay …
+        planner = CostAwarePlanner(tracker, curve, None, measured_costs=False, **options)
+        return planner.plan(rows, [GAMMA] * 8)  # … but a memory never observed probes in its first round
+
+    capped, uncapped = first_plan(), first_plan(probe_cost_cap=float("inf"))
+    assert capped.probe and capped.length == 3
+    assert uncapped.probe and uncapped.length == GAMMA
+    assert first_plan(probe_cost_cap=1.0).length == 1  # no L fits: the shortest probe

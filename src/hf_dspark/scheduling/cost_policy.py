@@ -8,13 +8,14 @@ function of the past like a fixed ℓ, and verification stays exact (Appendix A'
 rule measurable with respect to earlier rounds).
 
 Skipping observes nothing new: a skipped request's own estimate only drifts back to the pool
-(`AcceptanceTracker.idle_decay`), and the pool stays put, so a *probe* drafts the skipped rows now and then, at
-the L that would pay if the drafts were good (q = `optimistic`). Its interval is sized so probes cost at most
-`probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain round)), clamped to
-[`min_interval`, `max_interval`], and lengthened after each probe if the probe measured dearer than planned
-(`_respace_probes`). A probe after which drafting still does not pay is *futile*: each futile probe in a row
-doubles the wait for the next one (up to `max_interval`), so a drafter that keeps failing costs ever less, and the
-first plan that drafts again resets it (like a serving engine's back-off from speculation). A drafter never
+(`AcceptanceTracker.idle_decay`), and the pool stays put, so a *probe* drafts the skipped rows now and then, at the
+L that would pay if the drafts were good (q = `optimistic`), but no longer than the L at which the round costs
+`probe_cost_cap` plain rounds (at high load a full-length probe of every row costs several). Its interval is sized
+so probes cost at most `probe_budget` of the rounds' time (interval = probe's extra seconds / (budget · one plain
+round)), clamped to [`min_interval`, `max_interval`], and lengthened after each probe if the probe measured dearer
+than planned (`_respace_probes`). A probe after which drafting still does not pay is *futile*: each futile probe in
+a row doubles the wait for the next one (up to `max_interval`), so a drafter that keeps failing costs ever less,
+and the first plan that drafts again resets it (like a serving engine's back-off from speculation). A drafter never
 observed before probes in its first round.
 
 The curves are corrected by what earlier rounds measured (`cost_correction.CostCorrection`, fed by
@@ -69,6 +70,8 @@ class CostAwarePlanner:
         optimistic: conditional acceptance assumed when choosing a probe's rows and L.
         measured_costs: correct the curves by earlier rounds' wall times (`CostCorrection`); False plans with the
             curves as given (e.g. synthetic curves that are not this machine's seconds).
+        probe_cost_cap: a probe verifies at most the L at which its round (every row drafting) costs this many
+            plain rounds (at least L = 1): at high load a full-length probe of every row costs several plain steps.
     """
 
     tracker: AcceptanceTracker
@@ -79,6 +82,7 @@ class CostAwarePlanner:
     max_interval: int = 512
     optimistic: float = 0.95
     measured_costs: bool = True
+    probe_cost_cap: float = 2.0
     _draft_table: torch.Tensor | None = field(default=None, repr=False)
     _verify_tables: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
     # (key, decision, the rows' conditional estimates `[R, γ]` it was computed from or None)
@@ -198,7 +202,9 @@ class CostAwarePlanner:
             return DraftPlan(rows=_NO_ROWS, length=0)
         costs = self._host_costs(count)
         hopeful = np.cumprod(np.full((count, gamma), self.optimistic), axis=-1)
-        chosen, length = host_draft_or_decode(self._expected(hopeful, cap), *costs, shares)
+        reach = self._probe_reach(costs, count)  # the probe's cost cap: L ≤ reach
+        chosen, length = host_draft_or_decode(self._expected(hopeful, cap)[:, : reach + 1], costs[0][: reach + 1],
+                                              costs[1], shares)
         if length == 0:  # drafting would not pay even with good drafts: no probe needed
             return DraftPlan(rows=_NO_ROWS, length=0)
         memory.rounds_since_probe, memory.probe_verdict_due = 0, True
@@ -227,6 +233,13 @@ class CostAwarePlanner:
             verified = np.arange(estimates.shape[1])[None, :] < np.asarray(verify_len, dtype=np.int64)[:, None]
             forecast = float((survival * verified).sum())
         self.tracker.memory.acceptance.observe(forecast, float(sum(accepted)))
+
+    def _probe_reach(self, costs: tuple[np.ndarray, np.ndarray], rows: int) -> int:
+        """The longest L a probe may verify: T_verify(rows·(1 + L)) + T_draft(rows) ≤ `probe_cost_cap` · T_verify(rows)
+        on the corrected `costs` (at least 1)."""
+        verify, draft = costs
+        limit = self.probe_cost_cap * float(verify[0]) - float(draft[rows])
+        return max((length for length in range(1, len(verify)) if float(verify[length]) <= limit), default=1)
 
     def probe_wait(self, memory: AcceptanceMemory) -> int:
         """Plain rounds before the next probe: the budgeted interval, doubled per futile probe in a row, at most
