@@ -263,7 +263,7 @@ class RoundKernel:
         rows, inputs = len(batch.rows), batch.anchor[:, None]
         valid = torch.ones(rows, 1, dtype=torch.bool, device=inputs.device)
         out = batch.target_cache.forward(self.target, inputs, valid, self.taps, packs=self.packs,
-                                         host_input_counts=[1] * rows, keep_all=True)
+                                         host_input_counts=[1] * rows)
         scores = out.logits
         if not self.processors.is_empty:
             counts = torch.ones(rows, dtype=torch.long, device=inputs.device)
@@ -301,7 +301,7 @@ class RoundKernel:
         accepted_host, tokens = self._download(result.num_accepted, result.next_token, drafts)
         record.committed = list(commit(tokens, scores, out.logits))
         if min(accepted_host, default=0) == steps - 1:  # every row kept every slot (so its ℓ was the longest)
-            batch.target_cache.commit_every(steps)
+            batch.target_cache.commit_every(steps, marked=True)  # its inputs were all valid: so are the slots
             valid = input_valid
         else:
             valid = batch.target_cache.commit_last(steps, 1 + result.num_accepted, [1 + m for m in accepted_host])

@@ -163,11 +163,9 @@ class StaticTargetCache:
         extra_kwargs: dict | None = None,
         packs: PackedLinears | None = None,
         host_input_counts=None,
-        keep_all: bool = False,
     ) -> VerifyOutput:
         """One target forward over `[A, T]` new tokens, padded to its bucket; fp32 logits / features for the T
-        (`host_input_counts`: unused, the static path always writes its mask buffer; `keep_all`: unused, kept slots
-        are told by the write offsets at commit)."""
+        (`host_input_counts`: unused, the static path always writes its mask buffer)."""
         steps = input_ids.shape[1]
         bucket = self.bucket(steps)
         padded = torch.nn.functional.pad(input_ids, (0, bucket - steps))

@@ -180,25 +180,28 @@ class RaggedTargetCache:
 
     def forward(self, model, input_ids: torch.Tensor, input_valid: torch.Tensor, tap_indices: list[int],
                 extra_kwargs: dict | None = None, packs: PackedLinears | None = None,
-                host_input_counts: Sequence[int] | None = None, keep_all: bool = False) -> VerifyOutput:
+                host_input_counts: Sequence[int] | None = None) -> VerifyOutput:
         """One target forward over `[A, T]` new tokens; returns fp32 logits and tapped features for all T.
         packs: the target's packed linear weights (`packed_linear`), or None. host_input_counts: each row's valid
         inputs (1 + ℓ_r) as host ints; with the host mirror they tell a batch without holes, which an SDPA target
-        then runs without a mask (transformers' causal path, no device read of the mask). keep_all: the caller keeps
-        every new slot (a plain step): they are marked valid now, and its `commit_every(steps, marked=True)` has
-        nothing left to mark."""
+        then runs without a mask (transformers' causal path, no device read of the mask).
+
+        The new slots hold `input_valid` until the commit (`commit_last` writes what each row kept; `commit_every`
+        marks them all, which a caller whose inputs were all valid may skip with `marked=True`): the validity the
+        mask was built from becomes the cache's, one concatenation for both."""
         steps = input_ids.shape[1]
         if steps == 1:  # a plain step: each row's next position (a view; `next_position` is replaced, never written)
             positions = self.next_position[:, None]
         else:
             positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
+        valid = torch.cat([self.valid, input_valid.bool()], dim=1)
         mask = None  # no hole anywhere: transformers' causal path
         if not self._without_holes(steps, host_input_counts):
-            mask = torch.cat([self.valid, input_valid.bool()], dim=1).long()
+            mask = valid.long()
         self.positions = torch.cat([self.positions, positions], dim=1)
         if mask is not None and self.layout is not None and self.layout.needs_masks:
             dtype = model.get_input_embeddings().weight.dtype
-            mask = verification_masks(self.layout, mask.bool(), self.positions, positions, dtype)
+            mask = verification_masks(self.layout, valid, self.positions, positions, dtype)
         # no KV copy per layer for grouped-query attention (attention.py); few-row products on packed weights
         # (a single token, batch-1 plain decoding, is never routed there, so it skips the swap)
         with packed_gqa_attention(model), packed_linears(packs if input_ids.numel() > 1 else None):
@@ -207,9 +210,7 @@ class RaggedTargetCache:
                 output_hidden_states=list(tap_indices) or None, logits_to_keep=0, **(extra_kwargs or {}),
             )
         self.cache = out.cache
-        # Until `commit`, the new slots count as holes (unless every one is kept).
-        appended = input_valid.bool() if keep_all else torch.zeros_like(input_valid, dtype=torch.bool)
-        self.valid = torch.cat([self.valid, appended], dim=1)
+        self.valid = valid
         self.max_width = max(self.max_width, self.width)
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1) if tap_indices else None
         return VerifyOutput(out.logits.float(), features)
@@ -253,7 +254,7 @@ class RaggedTargetCache:
 
     def commit_every(self, steps: int, marked: bool = False) -> None:
         """The last forward appended `steps` slots and every row keeps them all (`commit_last` without a device
-        tensor of counts: a plain decoding step). marked: that forward ran with `keep_all` (its slots are valid)."""
+        tensor of counts: a plain decoding step). marked: that forward's inputs were all valid, so its slots are."""
         if not marked:
             self.valid[:, -steps:].fill_(True)  # a view filled in place (cheaper than indexed assignment)
         self.next_position = self.next_position + steps

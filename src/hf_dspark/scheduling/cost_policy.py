@@ -171,7 +171,11 @@ class CostAwarePlanner:
         of a row, or None where the lagged estimate stands (`DraftModel.row_acceptance`)."""
         count, gamma = len(rows), self.tracker.block_size
         # clipped in Python, one array built: right after a target forward every numpy call is several µs
-        capped = [min(max(int(c), 0), gamma) for c in (cap.tolist() if isinstance(cap, torch.Tensor) else cap)]
+        capped = cap.tolist() if isinstance(cap, torch.Tensor) else list(cap)
+        if capped and min(capped) >= gamma:  # every row may verify all γ (no budget near its end)
+            capped = [gamma] * count
+        else:
+            capped = [min(max(int(c), 0), gamma) for c in capped]
         cap = np.array(capped, dtype=np.int64)
         shares = None if draft_costs is None else np.minimum(np.maximum(host_array(draft_costs, np.float64), 0.0), 1.0)
         if acceptance is not None and any(rates is not None for rates in acceptance):
