@@ -232,10 +232,9 @@ class CostAwarePlanner:
             for q in estimates[0].tolist()[: int(verify_len[0])]:
                 survival *= q
                 forecast += survival
-        else:
-            survival = np.cumprod(estimates, axis=-1)
-            verified = np.arange(estimates.shape[1])[None, :] < np.asarray(verify_len, dtype=np.int64)[:, None]
-            forecast = float((survival * verified).sum())
+        else:  # E_r(γ) with cap ℓ_r is 1 + Σ_{j≤ℓ_r} â_{r,j}
+            verified = np.asarray(verify_len, dtype=np.int64)
+            forecast = float((self._expected(np.cumprod(estimates, axis=-1), verified)[:, -1] - 1.0).sum())
         self.tracker.memory.acceptance.observe(forecast, float(sum(accepted)))
 
     def _probe_reach(self, costs: tuple[np.ndarray, np.ndarray], rows: int) -> int:

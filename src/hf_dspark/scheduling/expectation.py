@@ -7,11 +7,16 @@ import torch
 from ..functional import prefix_survival
 
 
-def expected_tokens(survival: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:
-    """Eq. τ̂ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}). survival `[R, γ]`, verify_len `[R]` -> float64 scalar tensor."""
+def expected_row_tokens(survival: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:
+    """τ̂'s terms 1 + Σ_{j≤ℓ_r} a_{r,j}, one per row. survival `[R, γ]`, verify_len `[R]` -> float64 `[R]`."""
     positions = torch.arange(1, survival.shape[1] + 1, device=survival.device)
     admitted = positions[None, :] <= verify_len.to(survival.device)[:, None]
-    return (1.0 + (survival.to(torch.float64) * admitted).sum(dim=-1)).sum()
+    return 1.0 + (survival.to(torch.float64) * admitted).sum(dim=-1)
+
+
+def expected_tokens(survival: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:
+    """Eq. τ̂ = Σ_r (1 + Σ_{j≤ℓ_r} a_{r,j}). survival `[R, γ]`, verify_len `[R]` -> float64 scalar tensor."""
+    return expected_row_tokens(survival, verify_len).sum()
 
 
 def expected_throughput(survival: torch.Tensor, verify_len: torch.Tensor, step_curve) -> torch.Tensor:
@@ -28,10 +33,8 @@ def expected_tokens_per_round(confidence: torch.Tensor, verify_len: list[int], r
     """
     if not rows:
         return []
-    survival = prefix_survival(confidence).to(torch.float64)
-    positions = torch.arange(1, survival.shape[1] + 1, device=survival.device)
-    lengths = torch.tensor(verify_len, dtype=torch.long).to(survival.device)
-    per_row = 1.0 + (survival * (positions[None, :] <= lengths[:, None])).sum(dim=-1)
+    survival = prefix_survival(confidence)
+    per_row = expected_row_tokens(survival, torch.tensor(verify_len, dtype=torch.long))
     round_of_row = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(rows)).to(survival.device)
     totals = torch.zeros(len(rows), dtype=torch.float64, device=survival.device).index_add_(0, round_of_row, per_row)
     return totals.tolist()
