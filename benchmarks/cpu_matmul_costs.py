@@ -4,7 +4,7 @@ Prints the processor signature the cost curves are keyed on, then (median of `--
 a 2048×576 by 576×8192 product (a training step's draft LM head) in fp32 and bf16, and the default target's tied
 49,152-row LM head and a 576→1536 linear layer with M = 1, 2, 3, 4, 8, 16 rows in fp32 (a verification forward
 with M tokens), each through PyTorch's kernel (MKL) and through oneDNN on a packed copy of the weight (what DSpark's
-verification uses for float32 CPU targets, `hf_dspark.generation.packed_linear`). On a CPU without native bf16 the
+verification uses for float32 CPU targets, `hf_dspark.target.packed_linear`). On a CPU without native bf16 the
 bf16 product falls back to a slow reference kernel; on some CPUs fp32 GEMMs with 2-3 rows cost several times a
 single-row GEMV, which makes verifying a draft or two expensive unless the weights are packed.
 
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from hf_dspark.generation.packed_linear import onednn_linear, onednn_linear_available, onednn_pack
 from hf_dspark.hardware import native_bf16, processor_signature
+from hf_dspark.target.packed_linear import onednn_linear, onednn_linear_available, onednn_pack
 
 
 def median_ms(fn, repeats: int) -> float:

@@ -202,7 +202,7 @@ class OracleCandidates(CandidateGenerator):
 
 def step_curve():
     """A synthetic SPS(B) for `auto` (no profiling inside the benchmark): 1 ms + 20 µs per token."""
-    from hf_dspark.step_curve import StepCurve
+    from hf_dspark.profiling.step_curve import StepCurve
 
     tokens = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
     return StepCurve(tokens, [1.0 / (1e-3 + 2e-5 * b) for b in tokens], model="tiny-random-llama")
@@ -210,7 +210,7 @@ def step_curve():
 
 # ---------------------------------------------------------------------------- one run of one case
 def run_case(case: Case, target, inputs: dict, args) -> tuple[Timeline, bool]:
-    from hf_dspark.eval.oracle import oracle_for
+    from hf_dspark.proposers.oracle import oracle_for
 
     ids, mask, reference = inputs[case.batch]
     timeline = Timeline()

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from hf_dspark.defaults import load_default_target
-from hf_dspark.generation.packed_linear import PackedLinears
 from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.profiling import pinned_threads, profile_step_curve
+from hf_dspark.profiling.target_steps import pinned_threads, profile_step_curve
 from hf_dspark.provenance import processor_kind, with_provenance
+from hf_dspark.target.packed_linear import PackedLinears
 
 
 def parse_args(argv=None) -> argparse.Namespace:

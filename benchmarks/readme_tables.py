@@ -7,7 +7,7 @@ Each table sits between `<!-- results:NAME -->` and `<!-- /results:NAME -->`. A 
 kind of result file, one row group per processor kind that has it, followed by the command and commit that produced
 each file (its `"provenance"` record); the `options` table comes from the library's list of generation options. A
 result file without a command or a commit is refused: a number in the README must say where it came from.
-`tests/test_readme_tables.py` fails when README.md and the JSONs disagree.
+`tests/benchmarks/test_readme_tables.py` fails when README.md and the JSONs disagree.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 
 from hf_dspark.io_utils import write_json_atomic
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.provenance import processor_kind, with_provenance
 from hf_dspark.scheduling import get_policy
-from hf_dspark.step_curve import StepCurve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ def time_auto(rows: int, gamma: int, curve: StepCurve, repeats: int, seed: int, 
     draft_ms: the drafter's cost per proposal; 0 makes every round draft, a huge cost every round decode plainly.
     """
     from hf_dspark.generation.policy import VerificationPolicy
-    from hf_dspark.modeling_dspark import DSparkProposal
+    from hf_dspark.model.modeling_dspark import DSparkProposal
 
     gen = torch.Generator().manual_seed(seed)
     draft_curve = StepCurve([1, 64], [1e3 / max(draft_ms, 1e-6), 1e3 / max(draft_ms, 1e-6)])

@@ -30,7 +30,7 @@ import torch
 
 from hf_dspark.defaults import load_default_target
 from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.losses import IGNORE_INDEX
+from hf_dspark.ops.losses import IGNORE_INDEX
 from hf_dspark.provenance import processor_kind, with_provenance
 from hf_dspark.training.collator import DSparkCollator
 from hf_dspark.training.data import build_dataset, load_conversations

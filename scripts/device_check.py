@@ -8,7 +8,8 @@
    `--equality-batches` (ragged, left-padded prompts), with the oracle drafter (every draft right) and an untrained
    DSpark drafter (drafts mostly wrong). A divergence is reported with the target's logit margin between the two
    tokens in the plain run: near zero is a floating-point tie, large is a bug (exit status 1 above `--tie-margin`).
-2. SPS(B) of each shape (`hf_dspark.profiling.profile_step_curve`), also handed to `auto` as its step curve.
+2. SPS(B) of each shape (`hf_dspark.profiling.target_steps.profile_step_curve`),
+   also handed to `auto` as its step curve.
 3. The speed A/B (`scripts/device_ab.py`): plain eager, plain static cache + compile, transformers' batch-1
    assisted loop fed the same drafts, hf-dspark with the oracle, a noisy oracle (τ ≈ 3.5) under fixed and auto, an
    untrained drafter, and hf-dspark asked for static cache + compile; at `--batches`; per run tokens/s, ms per round
@@ -36,8 +37,8 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_dspark import DSparkConfig, DSparkDrafter
-from hf_dspark.eval.oracle import oracle_for
-from hf_dspark.profiling import profile_step_curve
+from hf_dspark.profiling.target_steps import profile_step_curve
+from hf_dspark.proposers.oracle import oracle_for
 
 
 def _sibling(name: str):

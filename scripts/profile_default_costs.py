@@ -24,15 +24,11 @@ from pathlib import Path
 import torch
 
 from hf_dspark import load_default_drafter, load_default_target
-from hf_dspark.draft_profiling import draft_curve_path, drafter_architecture, profile_draft_curve
-from hf_dspark.generation.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
 from hf_dspark.hardware import processor_signature
 from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.profiling import (
-    profile_step_curve,
-    shipped_step_curve_path,
-    step_curve_key,
-)
+from hf_dspark.profiling.draft_steps import draft_curve_path, drafter_architecture, profile_draft_curve
+from hf_dspark.profiling.target_steps import profile_step_curve, shipped_step_curve_path, step_curve_key
+from hf_dspark.target.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +74,7 @@ def main() -> None:
             if path.exists() and not args.overwrite and not (path == step_path and name in args.skip_step_curve):
                 raise SystemExit(f"{path} exists; pass --overwrite to replace it")
         if name in args.skip_step_curve and step_path.exists():
-            from hf_dspark.step_curve import StepCurve
+            from hf_dspark.profiling.step_curve import StepCurve
 
             step = StepCurve.load(step_path)
         else:

@@ -41,7 +41,7 @@ def test_with_provenance_keeps_an_existing_record():
 
 
 def test_processor_kind_is_the_shipped_curves_folder_name():
-    from hf_dspark.profiling import shipped_curves_dir
+    from hf_dspark.profiling.target_steps import shipped_curves_dir
     from hf_dspark.provenance import processor_kind
 
     assert processor_kind() == shipped_curves_dir().name and "/" not in processor_kind()

@@ -28,7 +28,7 @@ from pathlib import Path
 import hf_dspark
 from hf_dspark.defaults import DEFAULT_DRAFTER_VARIANTS, default_drafter_dir
 from hf_dspark.interop.hub import card_template
-from hf_dspark.profiling import SHIPPED_STEP_CURVES
+from hf_dspark.profiling.target_steps import SHIPPED_STEP_CURVES
 
 package = Path(hf_dspark.__file__).parent
 assert "site-packages" in str(package) and not str(package).startswith(sys.argv[1]), package

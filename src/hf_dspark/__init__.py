@@ -8,12 +8,12 @@ Public API:
 
 from transformers import AutoConfig, AutoModel
 
-from .cache import DSparkDraftCache
-from .configuration_dspark import DSparkConfig
-from .curve_sources import CURVE_SOURCES
 from .defaults import load_default_drafter, load_default_target
-from .drafter_hooks import HOOKS
-from .modeling_dspark import DSparkDrafter, DSparkDrafterOutput, DSparkProposal
+from .model.cache import DSparkDraftCache
+from .model.configuration_dspark import DSparkConfig
+from .model.drafter_hooks import HOOKS
+from .model.modeling_dspark import DSparkDrafter, DSparkDrafterOutput, DSparkProposal
+from .profiling.curve_sources import CURVE_SOURCES
 from .version import __version__
 
 # Auto-class registration, as transformers' own model files do on import.
@@ -55,13 +55,13 @@ HOOKS.last_generation_stats = _last_generation_stats
 
 # The cost curves `generate` and the engine look up when the caller passes none (profiling sits above generation).
 def _step_curve(target, packed_weights):
-    from .profiling import load_or_profile_step_curve
+    from .profiling.target_steps import load_or_profile_step_curve
 
     return load_or_profile_step_curve(target, packed_weights=packed_weights)
 
 
 def _draft_curve(drafter):
-    from .draft_profiling import load_or_profile_draft_curve
+    from .profiling.draft_steps import load_or_profile_draft_curve
 
     return load_or_profile_draft_curve(drafter)
 

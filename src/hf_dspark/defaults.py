@@ -96,7 +96,7 @@ def load_default_drafter(target, path: str | Path | None = None, variant: str = 
     Raises FileNotFoundError naming the folder when no trained drafter ships in this installation, and ValueError
     for an unknown `kind`.
     """
-    from .modeling_dspark import DSparkDrafter
+    from .model.modeling_dspark import DSparkDrafter
 
     if kind not in DEFAULT_DRAFTER_KINDS:
         raise ValueError(f"Unknown default drafter kind {kind!r}; choose one of {list(DEFAULT_DRAFTER_KINDS)}.")

@@ -1,7 +1,8 @@
 """What kind of processor this is, and the dtype that runs fastest on it.
 
 `processor_signature` names the kind of processor cost curves are measured on (curves only carry between machines
-of one kind, `hf_dspark.profiling`); `native_bf16` / `default_dtype` / `resolve_dtype` pick bf16 where the CPU
+of one kind,
+`hf_dspark.profiling.target_steps`); `native_bf16` / `default_dtype` / `resolve_dtype` pick bf16 where the CPU
 computes it natively (AVX512-BF16 or AMX) and fp32 elsewhere; `warn_if_slow_dtype` says so once when a user asks
 for half precision on a CPU without it, where it runs several times slower than fp32.
 """

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from hf_dspark import draft_profiling, profiling
 from hf_dspark.cli.demo import _auto_explained
 from hf_dspark.generation.stats import DSparkGenerationStats
-from hf_dspark.step_curve import StepCurve
+from hf_dspark.profiling import draft_steps as draft_profiling
+from hf_dspark.profiling import target_steps as profiling
+from hf_dspark.profiling.step_curve import StepCurve
 from tests.helpers import make_drafter
 
 

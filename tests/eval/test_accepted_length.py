@@ -9,15 +9,9 @@ import torch
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.cli import eval as eval_cli
-from hf_dspark.eval.accepted_length import (
-    EvalConfig,
-    ProposalRecorder,
-    WorkFile,
-    rounds_from_generation,
-    run_eval,
-)
+from hf_dspark.eval.accepted_length import EvalConfig, ProposalRecorder, WorkFile, rounds_from_generation, run_eval
 from hf_dspark.eval.prompts import chat_input_ids
-from hf_dspark.modeling_dspark import DSparkProposal
+from hf_dspark.model.modeling_dspark import DSparkProposal
 from hf_dspark.provenance import PROVENANCE_KEYS
 from tests.helpers import make_drafter, make_target, ragged_prompts
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hf_dspark.eval.serve import POLICY_NAMES, ServeConfig, run_serve_benchmark
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.provenance import PROVENANCE_KEYS
-from hf_dspark.scheduler import StepCurve
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 
@@ -83,9 +83,9 @@ def _repetitive_prompts(target, count: int = 5) -> list[torch.Tensor]:
 @pytest.mark.parametrize("policy", ["fixed", "auto"])
 def test_the_engine_serves_the_hybrid_with_plain_greedy_output(policy):
     from hf_dspark.eval.serve import make_policy
-    from hf_dspark.generation.engine import DSparkEngine
     from hf_dspark.proposers import hybrid_for
     from hf_dspark.proposers.hybrid import DSPARK, LOOKUP
+    from hf_dspark.serving.engine import DSparkEngine
 
     target = make_target("llama", seed=21, eos_token_id=None)
     prompts = _repetitive_prompts(target)

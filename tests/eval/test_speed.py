@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from hf_dspark.eval.speed import SpeedConfig, run_speed_benchmark
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.provenance import PROVENANCE_KEYS
-from hf_dspark.scheduler import StepCurve
 from tests.helpers import make_drafter, make_target
 
 

@@ -6,7 +6,7 @@ import torch
 from transformers.generation import configuration_utils
 
 from hf_dspark.generation import call_checks, loop
-from hf_dspark.generation.static_cache import RaggedStaticLayer
+from hf_dspark.target.static_cache import RaggedStaticLayer
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 HONOURED = ("dynamic", "static", "hybrid", "sliding_window", "hybrid_chunked")

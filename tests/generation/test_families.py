@@ -12,8 +12,8 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
-from hf_dspark.eval.oracle import oracle_for
-from hf_dspark.generation.target_cache import attention_layout
+from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.target.ragged_cache import attention_layout
 from tests.helpers import holed_oracle, make_drafter, ragged_prompts
 
 WINDOW = 8
@@ -142,7 +142,7 @@ def test_sliding_target_without_4d_masks_is_refused():
 def test_step_curve_profiling_on_a_sliding_target():
     """Load-aware policies profile SPS(B) on the loop's cache layout; a cache longer than the window used to
     fail in transformers' sliding-layer crop."""
-    from hf_dspark.profiling import profile_step_curve
+    from hf_dspark.profiling.target_steps import profile_step_curve
 
     curve = profile_step_curve(make_family("mistral"), batch_tokens=[1, 4], rows=2, cache_length=3 * WINDOW,
                                repeats=1, warmup=0, progress=False)
@@ -152,8 +152,8 @@ def test_step_curve_profiling_on_a_sliding_target():
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_engine_serves_sliding_targets_like_plain_generate(name):
     """`DSparkEngine` admits requests through the same prefill, so sliding targets work there too."""
-    from hf_dspark.generation.engine import DSparkEngine
     from hf_dspark.generation.policy import VerificationPolicy
+    from hf_dspark.serving.engine import DSparkEngine
 
     target = make_family(name, eos_token_id=None)
     ids, mask = ragged_prompts(3, seed=7, min_len=4, max_len=14)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from hf_dspark.generation import loop
-from hf_dspark.generation.engine import DSparkEngine
-from hf_dspark.generation.target_checks import quantization_found
+from hf_dspark.serving.engine import DSparkEngine
+from hf_dspark.target.checks import quantization_found
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 IDS, MASK = ragged_prompts(2, seed=5)

@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
 )
 
 import hf_dspark.generation.round as round_module
-from hf_dspark.verification import VerificationResult
+from hf_dspark.ops.verification import VerificationResult
 from tests.helpers import make_drafter, make_target
 
 VOCAB, NEW_TOKENS, SAMPLES = 8, 4, 24_000
@@ -117,7 +117,7 @@ def test_a_wrong_acceptance_rule_is_detected(setup, monkeypatch):
 
 def test_auto_policy_sampling_matches_target_distribution(setup, name="top_p"):
     """With the cost-aware policy some rows draft and others decode plainly in the same rounds; still exact."""
-    from hf_dspark.scheduler import StepCurve
+    from hf_dspark.profiling.step_curve import StepCurve
 
     target, drafter, prompt = setup
     rows = [1, 10, 100, 1000, 4000, 8000]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from hf_dspark import profiling
-from hf_dspark.eval.oracle import oracle_for
-from hf_dspark.generation.packed_linear import linear_packs_for
 from hf_dspark.generation.policy import policy_from_config
-from hf_dspark.scheduler import StepCurve
+from hf_dspark.profiling import target_steps as profiling
+from hf_dspark.profiling.step_curve import StepCurve
+from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.target.packed_linear import linear_packs_for
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 GAMMA = 4

@@ -4,8 +4,8 @@ plain `generate`, two input shapes only, the preallocated buffers never grow."""
 import pytest
 import torch
 
-from hf_dspark.eval.oracle import oracle_for
-from hf_dspark.generation.static_cache import RaggedStaticLayer, StaticTargetCache
+from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.target.static_cache import RaggedStaticLayer, StaticTargetCache
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 
@@ -53,7 +53,7 @@ def test_static_path_greedy_matches_plain(target, batch, drafter_kind, policy):
 def test_static_cache_overwrites_rejected_slots():
     """Per-row offsets: a row keeping k of T slots moves by k; the next forward writes over the rejected ones."""
     from hf_dspark.generation.prefill import prefill_target
-    from hf_dspark.generation.static_cache import StaticPlan
+    from hf_dspark.target.static_cache import StaticPlan
 
     model = make_target("llama", seed=2)
     ids, mask = ragged_prompts(2, seed=1)

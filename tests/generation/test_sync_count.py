@@ -9,9 +9,9 @@ import torch
 from transformers import GenerationConfig
 
 from hf_dspark.diagnostics import COUNTED, SyncCounter
-from hf_dspark.eval.oracle import oracle_for
 from hf_dspark.generation import loop as loop_module
-from hf_dspark.scheduler import StepCurve
+from hf_dspark.profiling.step_curve import StepCurve
+from hf_dspark.proposers.oracle import oracle_for
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 FLAT = StepCurve([1, 4096], [1.0, 1.0])
@@ -25,7 +25,7 @@ BOUND = {
 }
 DRAFTERS = ("oracle", "dspark")
 # where the learned drafter's rounds may sync at all: the round's download, the sunk-cost stop, transformers' masks
-ALLOWED_SITES = ("generation/transfer.py", "scheduling/padded.py", "transformers/masking_utils.py")
+ALLOWED_SITES = ("transfer.py", "scheduling/padded.py", "transformers/masking_utils.py")
 
 
 @pytest.fixture(scope="module")

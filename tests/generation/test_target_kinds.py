@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from hf_dspark.generation.packed_linear import linear_packs_for
+from hf_dspark.target.packed_linear import linear_packs_for
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 IDS, MASK = ragged_prompts(2, seed=5)
@@ -255,7 +255,7 @@ def test_module_compile_runs_unpacked_and_matches_plain():
 
 @pytest.mark.parametrize("policy", ["none", "fixed"])
 def test_engine_refuses_the_same_targets(policy):
-    from hf_dspark.generation.engine import DSparkEngine
+    from hf_dspark.serving.engine import DSparkEngine
 
     target = make_target("llama", seed=21, attention_dropout=0.2)
     drafter = make_drafter(target) if policy != "none" else None

@@ -13,7 +13,7 @@ from safetensors import safe_open
 from hf_dspark import DSparkDrafter
 from hf_dspark.cli import main as cli_main
 from hf_dspark.interop import check_export, detect_layout, export_deepspec, export_drafter
-from hf_dspark.scheduler import StepCurve
+from hf_dspark.profiling.step_curve import StepCurve
 from tests.helpers import make_drafter, make_target, tapped_features
 from tests.interop.reference import dflash_folder
 

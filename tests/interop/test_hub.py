@@ -37,7 +37,7 @@ def test_save_for_hub_writes_a_self_describing_folder(tmp_path):
         "AutoConfig": "hf_dspark_auto.DSparkConfig", "AutoModel": "hf_dspark_auto.DSparkDrafter"
     }
     shim = (out / "hf_dspark_auto.py").read_text()
-    assert "from hf_dspark.modeling_dspark import DSparkDrafter" in shim and "import os" not in shim
+    assert "from hf_dspark.model.modeling_dspark import DSparkDrafter" in shim and "import os" not in shim
 
     readme = (out / "README.md").read_text()
     meta = ModelCard.load(out / "README.md").data  # the Hub's own parser reads the metadata back
@@ -87,7 +87,7 @@ def test_trust_remote_code_loads_the_folder_offline_in_a_fresh_process(tmp_path)
         "assert 'hf_dspark' not in sys.modules\n"
         "config = AutoConfig.from_pretrained(path, trust_remote_code=True)\n"
         "model = AutoModel.from_pretrained(path, trust_remote_code=True)\n"
-        "drafter_class = sys.modules['hf_dspark.modeling_dspark'].DSparkDrafter\n"
+        "drafter_class = sys.modules['hf_dspark.model.modeling_dspark'].DSparkDrafter\n"
         "print(type(config).__name__, config.block_size, isinstance(model, drafter_class), model.is_bound)\n"
 
     )

@@ -10,8 +10,8 @@ import math
 
 import torch
 
+from hf_dspark.ops.verification import verify_sampling
 from hf_dspark.proposers.scoring import DSPARK, LOOKUP, choose_sources
-from hf_dspark.verification import verify_sampling
 
 TOKEN_A, CHAINS, ROUNDS = 0, 40_000, 5
 Q = torch.tensor([0.5, 0.5], dtype=torch.float64)

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from hf_dspark.generation.engine import DSparkEngine
 from hf_dspark.generation.policy import VerificationPolicy
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.proposers import hybrid_for
 from hf_dspark.proposers.hybrid import DSPARK, LOOKUP
-from hf_dspark.scheduler import StepCurve
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 from hf_dspark.scheduling.padded import draft_or_decode
+from hf_dspark.serving.engine import DSparkEngine
 from tests.generation.test_auto_policy import _assert_row_context
 from tests.helpers import make_drafter, make_target
 
@@ -97,7 +97,7 @@ def test_the_dspark_context_waits_for_its_proposal_and_is_then_complete():
 
 
 def test_the_hybrid_prices_its_dspark_rows_at_the_drafters_own_curve():
-    from hf_dspark.draft_profiling import load_or_profile_draft_curve
+    from hf_dspark.profiling.draft_steps import load_or_profile_draft_curve
 
     target = make_target("llama", seed=21, eos_token_id=None)
     drafter = make_drafter(target, block_size=GAMMA)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hf_dspark.generation.policy import VerificationPolicy
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.proposers import hybrid_for
 from hf_dspark.proposers.hybrid import HybridRowState
 from hf_dspark.proposers.scoring import (
@@ -18,7 +19,6 @@ from hf_dspark.proposers.scoring import (
     observe_agreement,
     resolved_agreement,
 )
-from hf_dspark.scheduler import StepCurve
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker, observed_positions
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 from tests.helpers import make_drafter, make_target

@@ -10,9 +10,9 @@ from transformers import GenerationConfig
 
 from hf_dspark.diagnostics import COUNTED, SyncCounter
 from hf_dspark.generation import loop as loop_module
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.proposers import hybrid_for, prompt_lookup_for, suffix_proposer_for
 from hf_dspark.proposers.hybrid import DSPARK, LOOKUP
-from hf_dspark.scheduler import StepCurve
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 FLAT = StepCurve([1, 4096], [1.0, 1.0])

@@ -122,7 +122,7 @@ def test_tracker_validates_its_prior():
 
 
 def test_heldout_acceptance_reads_the_drafter_config():
-    from hf_dspark.configuration_dspark import DSparkConfig
+    from hf_dspark.model.configuration_dspark import DSparkConfig
 
     class Drafter:
         config = DSparkConfig(

@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig
 
 from hf_dspark.generation.round import RoundRecord
-from hf_dspark.scheduler import StepCurve
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.scheduling import PolicyMemory
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
 from hf_dspark.scheduling.cost_correction import CostCorrection

@@ -7,7 +7,7 @@ import itertools
 import pytest
 import torch
 
-from hf_dspark.scheduler import StepCurve
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 

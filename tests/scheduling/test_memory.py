@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_dspark.scheduler import StepCurve
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.scheduling import PolicyMemory
 from tests.helpers import make_drafter, make_target, ragged_prompts
 

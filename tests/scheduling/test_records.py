@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from hf_dspark.functional import prefix_survival
+from hf_dspark.ops.functional import prefix_survival
+from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.scheduling.expectation import expected_throughput, expected_tokens, expected_tokens_per_round
 from hf_dspark.scheduling.records import ScheduleRecord, resolve_schedules
-from hf_dspark.step_curve import StepCurve
 
 
 def _rounds(seed: int = 0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_dspark.losses import IGNORE_INDEX
+from hf_dspark.ops.losses import IGNORE_INDEX
 from hf_dspark.training.collator import DSparkCollator, anchor_candidates, block_labels, sample_anchors
 
 X = IGNORE_INDEX

@@ -123,9 +123,9 @@ def _serve_user_turns(parser: argparse.ArgumentParser, sets: list[str], per_set:
 def cmd_bench_serve(args: argparse.Namespace) -> int:
     import torch
 
-    from ..eval.oracle import oracle_for
     from ..eval.prompts import chat_input_ids
     from ..eval.serve import ServeConfig, run_serve_benchmark
+    from ..proposers.oracle import oracle_for
 
     args.out = args.out or default_out("serve", args.device)
     check_files(args.parser, "--sets", args.sets)

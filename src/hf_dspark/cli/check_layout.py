@@ -36,7 +36,7 @@ def cmd_check_layout(args: argparse.Namespace) -> int:
     import torch
 
     from ..interop.probe import probe_layout
-    from ..modeling_dspark import DSparkDrafter
+    from ..model.modeling_dspark import DSparkDrafter
 
     check_drafter_path(args.parser, "DRAFTER", args.drafter)
     target, tokenizer = load_target(args.target, "float32", tokenizer=True, device=args.device)

@@ -12,12 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from .loaders import (
-    add_runtime_arguments,
-    load_drafter,
-    load_target,
-    positive_int,
-)
+from .loaders import add_runtime_arguments, load_drafter, load_target, positive_int
 from .validation import check_drafter_spec, check_nonempty
 
 # The default prompts: chosen on data with benchmarks/demo_prompts.py (the first 6 prompts of gsm8k, humaneval and
@@ -180,9 +175,9 @@ def _auto_explained(target, drafter, stats, greedy: bool, sources: tuple[int, in
     """How many rounds "auto" drafted (with the hybrid: from which source), and what drafting can give one request on
     this machine (its cost curves and the DSpark drafter's held-out acceptance; copied drafts cost no drafter
     forward), so that a speedup near 1× explains itself."""
-    from ..draft_profiling import load_or_profile_draft_curve
     from ..hardware import processor_signature
-    from ..profiling import load_or_profile_step_curve
+    from ..profiling.draft_steps import load_or_profile_draft_curve
+    from ..profiling.target_steps import load_or_profile_step_curve
     from ..scheduling.acceptance import heldout_acceptance
     from ..scheduling.padded import batch1_outlook, padded_verify_seconds
 

@@ -10,14 +10,9 @@ from .validation import check_drafter_path, check_drafter_spec, check_files, che
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from ..draft_profiling import DEFAULT_DRAFT_ROWS, draft_curve_path, profile_draft_curve
-    from ..generation.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
-    from ..profiling import (
-        DEFAULT_BATCH_TOKENS,
-        profile_step_curve,
-        step_curve_key,
-        step_curve_path,
-    )
+    from ..profiling.draft_steps import DEFAULT_DRAFT_ROWS, draft_curve_path, profile_draft_curve
+    from ..profiling.target_steps import DEFAULT_BATCH_TOKENS, profile_step_curve, step_curve_key, step_curve_path
+    from ..target.packed_linear import PACKED_WEIGHTS_CHOICES, linear_packs_for
 
     check_drafter_spec(args.parser, "--drafter", args.drafter)
     _check_profile_outputs(args)
@@ -71,7 +66,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import torch
 
     from ..eval.calibrate import CalibrationRun, check_calibration_out, is_same_folder, run_calibration
-    from ..modeling_dspark import DSparkDrafter
+    from ..model.modeling_dspark import DSparkDrafter
 
     check_files(args.parser, "--prompts", args.prompts)
     check_drafter_path(args.parser, "--drafter", args.drafter)

@@ -24,8 +24,8 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 
 from ..io_utils import check_replaceable
-from ..modeling_dspark import DSparkDrafter
-from ..profiling import cache_root
+from ..model.modeling_dspark import DSparkDrafter
+from ..profiling.target_steps import cache_root
 from ..provenance import processor_kind
 from .prompt_lookup import prompt_lookup_for
 from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names

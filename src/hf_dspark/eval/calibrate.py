@@ -28,8 +28,14 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from transformers.utils import logging
 
-from ..calibration import CalibrationReport, cumulative_survival, evaluate_calibration, fit_sts, reliability_diagram
 from ..io_utils import write_json_atomic, write_text_atomic
+from ..ops.calibration import (
+    CalibrationReport,
+    cumulative_survival,
+    evaluate_calibration,
+    fit_sts,
+    reliability_diagram,
+)
 from ..provenance import result_provenance
 from .prompts import chat_input_ids, load_prompt_set
 

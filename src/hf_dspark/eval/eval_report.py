@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from transformers.utils import logging
 
-from ..calibration import evaluate_calibration, fit_sts
 from ..io_utils import write_json_atomic
+from ..ops.calibration import evaluate_calibration, fit_sts
 from ..provenance import result_provenance
 from .acceptance_metrics import (
     DEFAULT_THRESHOLDS,

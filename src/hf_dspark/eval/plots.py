@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..calibration import reliability_diagram
+from ..ops.calibration import reliability_diagram
 
 
 def _figure(panels: int, width: float = 4.2, height: float = 3.4):

@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..generation.engine import DSparkEngine
 from ..generation.policy import VerificationPolicy
 from ..io_utils import check_replaceable, write_json_atomic
 from ..provenance import processor_kind, result_provenance
 from ..scheduling import NO_SPECULATION, PolicyMemory, canonical_policy_name
+from ..serving.engine import DSparkEngine
 
 POLICY_NAMES = (NO_SPECULATION, "fixed1", "fixed", "threshold", "lagged_padded", "auto")
 SERVE_REPORT_KEYS = ("config", "drafter", "block_size", "results")  # of every serve report, older ones included
@@ -166,8 +166,8 @@ def run_level(
 
 def _curves(config: ServeConfig, target, drafter, step_curve, draft_curve):
     """The target's SPS(B) and the drafter's cost curve, looked up (or profiled once) when a policy needs them."""
-    from ..draft_profiling import load_or_profile_draft_curve
-    from ..profiling import load_or_profile_step_curve
+    from ..profiling.draft_steps import load_or_profile_draft_curve
+    from ..profiling.target_steps import load_or_profile_step_curve
 
     if step_curve is None and {"lagged_padded", "auto"} & set(config.policies):
         step_curve = load_or_profile_step_curve(target, threads=config.threads)

@@ -23,9 +23,9 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..io_utils import check_replaceable, write_json_atomic
+from ..proposers.oracle import oracle_for
 from ..provenance import processor_kind, result_provenance
 from ..scheduling import PolicyMemory
-from .oracle import oracle_for
 from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
 
 logger = logging.get_logger(__name__)
@@ -137,7 +137,7 @@ def speed_drafters(config: SpeedConfig, target, drafter=None, baseline=None) -> 
 
     untrained = hybrid = None
     if config.untrained and drafter is not None:
-        from ..modeling_dspark import DSparkDrafter
+        from ..model.modeling_dspark import DSparkDrafter
 
         torch.manual_seed(0)
         untrained = DSparkDrafter(drafter.config).eval().bind_target(target)

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from transformers import GenerationConfig
 from transformers.utils import logging
 
-from .static_cache import STATIC_PATH_CACHES
+from ..target.static_cache import STATIC_PATH_CACHES
 
 logger = logging.get_logger(__name__)
 
@@ -166,7 +166,7 @@ def cache_implementation_refusal(implementation: str | None) -> str | None:
     if implementation == "paged":
         return (
             f"{name} switches generate to continuous batching (generate_batch), which takes no assistant model. "
-            "For continuous batching with DSpark use hf_dspark.generation.engine.DSparkEngine; or drop "
+            "For continuous batching with DSpark use hf_dspark.serving.engine.DSparkEngine; or drop "
             "cache_implementation."
         )
     return (

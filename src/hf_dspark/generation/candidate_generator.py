@@ -19,7 +19,7 @@ from .drafting import draft_logits_processor
 from .processors import RowProcessors
 
 if TYPE_CHECKING:
-    from ..modeling_dspark import DSparkDrafter, DSparkProposal
+    from ..model.modeling_dspark import DSparkDrafter, DSparkProposal
 
 
 class DSparkCandidateGenerator(CandidateGenerator):

@@ -20,7 +20,10 @@ from types import SimpleNamespace
 
 import torch
 
-from ..binding import validate_target_shape
+from ..model.binding import validate_target_shape
+from ..target.checks import check_target
+from ..target.output_cache import continuation_mask
+from ..target.ragged_cache import attention_layout
 from .call_checks import (
     OTHER_DRAFTING,
     check_assistant_knobs,
@@ -40,9 +43,6 @@ from .options import (
     generation_config_options,
     validate_dspark_options,
 )
-from .output_cache import continuation_mask
-from .target_cache import attention_layout
-from .target_checks import check_target
 
 _SUBCLASSES: dict[type, type] = {}
 

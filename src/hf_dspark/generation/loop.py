@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING
 import torch
 from transformers.utils import logging
 
-from ..functional import greedy_token_ids
-from .attention import packed_gqa_config
+from ..ops.functional import greedy_token_ids
+from ..target.attention import packed_gqa_config
+from ..target.output_cache import dict_output
+from ..target.packed_linear import installed_linears, linear_packs_for
+from ..target.static_cache import static_plan
 from .options import DSparkGenerationOptions
-from .output_cache import dict_output
-from .packed_linear import installed_linears, linear_packs_for
 from .policy import policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .round import RoundKernel
 from .state import RowHistories, RowState, validate_call
-from .static_cache import static_plan
 from .stats import DSparkGenerationStats, remember_stats
 from .streaming import CommitStreamer
 

@@ -13,9 +13,9 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
 - `dspark_threshold`: survival threshold for `"threshold"` (default 0.5).
 - `dspark_step_curve`: a `StepCurve` or a path to its JSON, for `"greedy"` and `"lagged"`. When unset, the curve
   of the target's (model, device, dtype, torch threads) is taken from the user cache or the curves shipped with
-  the package, or profiled once (`hf_dspark.profiling.load_or_profile_step_curve`).
+  the package, or profiled once (`hf_dspark.profiling.target_steps.load_or_profile_step_curve`).
 - `dspark_draft_curve`: a `StepCurve` (proposals per second against rows R) or its JSON path, for `"auto"`.
-  When unset, the drafter's curve (`hf_dspark.draft_profiling.load_or_profile_draft_curve`); model-free drafters
+  When unset, the drafter's curve (`hf_dspark.profiling.draft_steps.load_or_profile_draft_curve`); model-free drafters
   (oracle, prompt lookup) count as free.
 - `dspark_measured_costs`: True (default) lets `"auto"` correct its cost curves by the measured wall time of earlier
   rounds (`cost_correction`); False plans with the curves as given.
@@ -39,18 +39,18 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers.utils import logging
 
-from ..curve_sources import CURVE_SOURCES
-from ..functional import prefix_survival
+from ..ops.functional import prefix_survival
+from ..profiling.curve_sources import CURVE_SOURCES
+from ..profiling.step_curve import StepCurve
 from ..scheduling.acceptance import heldout_acceptance
 from ..scheduling.base import BasePolicy
 from ..scheduling.records import PolicySettings, ScheduleRecord
 from ..scheduling.registry import canonical_policy_name, get_policy
-from ..step_curve import StepCurve
+from ..transfer import HOST
 from .options import DSparkGenerationOptions, validate_dspark_options
-from .transfer import HOST
 
 if TYPE_CHECKING:
-    from ..modeling_outputs import DSparkProposal
+    from ..model.modeling_outputs import DSparkProposal
     from .round import RoundRecord
 
 logger = logging.get_logger(__name__)
@@ -225,9 +225,10 @@ def policy_from_options(
 
     target: the target model; when given, a load-aware policy without `dspark_step_curve` gets the curve of this
     target's (model, device, dtype, current torch threads) from `CURVE_SOURCES.step_curve`
-    (`hf_dspark.profiling.load_or_profile_step_curve`). drafter: for `"auto"`, whose cost curve is looked up the
-    same way (`CURVE_SOURCES.draft_curve`, `hf_dspark.draft_profiling.load_or_profile_draft_curve`) and whose held-out
-    acceptance is its prior. greedy: the decoding mode (`not do_sample`).
+    (`hf_dspark.profiling.target_steps.load_or_profile_step_curve`). drafter: for `"auto"`, whose cost curve is
+    looked up the same way (`CURVE_SOURCES.draft_curve`,
+    `hf_dspark.profiling.draft_steps.load_or_profile_draft_curve`) and whose held-out acceptance is its prior.
+    greedy: the decoding mode (`not do_sample`).
     """
     name = canonical_policy_name(options.dspark_policy or DEFAULT_POLICY)
     step_curve, draft_curve = options.dspark_step_curve, options.dspark_draft_curve

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from .static_cache import StaticPlan, StaticTargetCache
-from .target_cache import RaggedTargetCache, attention_layout, new_target_cache
+from ..target.ragged_cache import RaggedTargetCache, attention_layout, new_target_cache
+from ..target.static_cache import StaticPlan, StaticTargetCache
 
 
 @dataclass

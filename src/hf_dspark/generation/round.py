@@ -24,15 +24,15 @@ from typing import Any, Protocol
 
 import torch
 
-from ..functional import greedy_token_ids
-from ..verification import VerificationResult, verify_greedy, verify_sampling
-from .cost_policy import DraftPlan
+from ..ops.functional import greedy_token_ids
+from ..ops.verification import VerificationResult, verify_greedy, verify_sampling
+from ..scheduling.cost_policy import DraftPlan
+from ..target.packed_linear import PackedLinears
+from ..target.ragged_cache import RaggedTargetCache
+from ..transfer import download, upload
 from .drafting import draft_logits_processor, extend_drafter_context, feature_layers, takes_host_counts
-from .packed_linear import PackedLinears
 from .policy import ScheduleRecord, VerificationPolicy
 from .processors import RowProcessors
-from .target_cache import RaggedTargetCache
-from .transfer import download, upload
 
 # (tokens to commit per active row, processed scores [A, T, V], raw logits [A, T, V]: row a's tokens were chosen at
 # its first len(tokens[a]) positions) -> how many each row kept

@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from ..binding import validate_target_shape
+from ..model.binding import validate_target_shape
+from ..target.checks import check_target
+from ..transfer import upload
 from .call_checks import check_call
 from .drafting import is_draft_model
-from .target_checks import check_target
-from .transfer import upload
 
 HISTORY_GROWTH = 64  # token slots per row reserved past the prompt (the buffer doubles when full)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..configuration_dspark import EMBEDDING_TAP, DSparkConfig
+from ..model.configuration_dspark import EMBEDDING_TAP, DSparkConfig
 
 DSPARK, SPECULATORS = "dspark", "speculators"  # config formats: flat DSpark fields / speculators' nested format
 HEAD_NAMES = {"markov": "vanilla Markov", "rnn": "RNN", "none": "no sequential head"}

@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..configuration_dspark import DSparkConfig
+from ..model.configuration_dspark import DSparkConfig
 from .layout_flags import resolve_layout
 from .layouts import check_full_attention, nested, read_calibration, shape_fields
 

@@ -4,7 +4,7 @@ does instead of reading our sidecars, and the engine files the export was checke
 
 from __future__ import annotations
 
-from ..configuration_dspark import DSparkConfig
+from ..model.configuration_dspark import DSparkConfig
 from .contracts import HEAD_NAMES, EngineContract, get_contract
 from .layout_flags import layout_name
 

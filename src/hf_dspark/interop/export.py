@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from transformers.utils import logging
 
 from ..io_utils import current_umask
-from ..scheduler import StepCurve
+from ..profiling.step_curve import StepCurve
 from .contracts import ENGINE_CONTRACTS, EngineContract, get_contract, refusals
 from .engines import readme
 from .layouts import CALIBRATION_FILE, STEP_CURVE_FILE, calibration_payload
@@ -220,7 +220,7 @@ def export_from_paths(
 ) -> Path:
     """CLI body: check the output folder, load the target (the embedded default when `target_path` is None) and the
     drafter in float32, then export in `dtype`."""
-    from ..modeling_dspark import DSparkDrafter
+    from ..model.modeling_dspark import DSparkDrafter
 
     check_export_folder(out_dir, overwrite, keep=(drafter_path, target_path))
     get_contract(engine)

@@ -1,7 +1,7 @@
 """Hub-ready native folders: `save_pretrained` + remote-code entry point + a generated model card.
 
 `auto_map` in a config must name `<file>.<Class>` with the file inside the repo (transformers splits the reference
-once on "."), so a package path such as `hf_dspark.modeling_dspark.DSparkDrafter` cannot be used. The folder gets
+once on "."), so a package path such as `hf_dspark.model.modeling_dspark.DSparkDrafter` cannot be used. The folder gets
 a small `hf_dspark_auto.py` that subclasses the installed package's classes; with `pip install hf-dspark`,
 `AutoModel.from_pretrained(repo, trust_remote_code=True)` then loads the drafter offline, and in a process that
 already ran `import hf_dspark` the registered local classes are used without remote code. The implementation is
@@ -32,8 +32,8 @@ The DSpark drafter is implemented in the hf-dspark package (`pip install hf-dspa
 classes so that `AutoModel.from_pretrained(<this repo>, trust_remote_code=True)` works. Nothing else runs here.
 """
 
-from hf_dspark.configuration_dspark import DSparkConfig as _DSparkConfig
-from hf_dspark.modeling_dspark import DSparkDrafter as _DSparkDrafter
+from hf_dspark.model.configuration_dspark import DSparkConfig as _DSparkConfig
+from hf_dspark.model.modeling_dspark import DSparkDrafter as _DSparkDrafter
 
 
 class DSparkConfig(_DSparkConfig):

@@ -26,8 +26,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.utils import logging
 
-from ..binding import check_target_model
-from ..draft_vocab import t2d_from_token_ids, token_ids_from_d2t
+from ..model.binding import check_target_model
+from ..model.draft_vocab import t2d_from_token_ids, token_ids_from_d2t
 from .deepspec import config_from_deepspec, is_deepspec
 from .dflash import UNSUPPORTED_ARCHITECTURES, config_from_dflash, is_dflash
 from .layout_flags import check_assume_layout
@@ -180,7 +180,7 @@ def _load_foreign(cls: type, folder: Path, layout: str, target: nn.Module | None
 
 def _check_native(cls: type, folder: Path) -> None:
     """Check a native folder's tensors against its config before transformers loads it (no silent random init)."""
-    from ..configuration_dspark import DSparkConfig
+    from ..model.configuration_dspark import DSparkConfig
 
     raw, config_file = read_config_json(folder)
     missing = [name for name in NATIVE_REQUIRED_FIELDS if name not in raw]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..configuration_dspark import DSparkConfig
+from ..model.configuration_dspark import DSparkConfig
 from .deepspec import HEAD_FROM_DEEPSPEC
 from .layout_flags import check_assume_layout
 from .layouts import check_full_attention, read_calibration, shape_fields

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..configuration_dspark import DSparkConfig
+from ..model.configuration_dspark import DSparkConfig
 from ..version import __version__
 from .contracts import SPECULATORS, EngineContract
 from .layout_flags import NESTED, layout_fields

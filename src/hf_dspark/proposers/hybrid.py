@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from ..generation.stats import last_generation_stats
-from ..generation.transfer import upload
-from ..modeling_outputs import DSparkProposal
+from ..model.modeling_outputs import DSparkProposal
+from ..transfer import upload
 from .lookup import (
     PromptLookupProposer,
     RowMatchState,
@@ -39,14 +39,7 @@ from .lookup import (
     draft_rows,
     read_histories,
 )
-from .scoring import (
-    DSPARK,
-    LOOKUP,
-    choose_source,
-    forecast_conditional,
-    observe_agreement,
-    resolved_agreement,
-)
+from .scoring import DSPARK, LOOKUP, choose_source, forecast_conditional, observe_agreement, resolved_agreement
 
 
 @dataclass
@@ -193,7 +186,7 @@ class HybridDrafter:
         """The DSpark drafter's cost curve (what its rows cost; lookup rows are free, `row_draft_costs`): looked up
         or profiled once, as `generate` does for the drafter alone, unless `draft_curve=` was given."""
         if self._draft_curve is None:
-            from ..draft_profiling import load_or_profile_draft_curve
+            from ..profiling.draft_steps import load_or_profile_draft_curve
 
             self._draft_curve = load_or_profile_draft_curve(self.drafter)
         return self._draft_curve

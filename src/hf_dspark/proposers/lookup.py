@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..configuration_dspark import DSparkConfig
 from ..generation.dispatch import enable
 from ..generation.drafting import ModelFreeDrafter
-from ..generation.transfer import HOST, download, upload
-from ..modeling_outputs import DSparkProposal
+from ..model.configuration_dspark import DSparkConfig
+from ..model.modeling_outputs import DSparkProposal
+from ..transfer import HOST, download, upload
 from .ngram import NgramIndex
 
 

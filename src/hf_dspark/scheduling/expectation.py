@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..functional import prefix_survival
+from ..ops.functional import prefix_survival
 
 
 def expected_row_tokens(survival: torch.Tensor, verify_len: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..step_curve import StepCurve
+from ..profiling.step_curve import StepCurve
 from .base import BasePolicy
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..step_curve import StepCurve, check_survival
+from ..profiling.step_curve import StepCurve, check_survival
 from .acceptance import host_array
 from .base import BasePolicy, require_survival
 

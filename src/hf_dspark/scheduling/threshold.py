@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..step_curve import StepCurve, check_survival
+from ..profiling.step_curve import StepCurve, check_survival
 from .base import BasePolicy, require_survival
 
 

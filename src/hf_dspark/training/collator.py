@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..losses import IGNORE_INDEX
+from ..ops.losses import IGNORE_INDEX
 
 
 def anchor_candidates(loss_mask: torch.Tensor) -> torch.Tensor:

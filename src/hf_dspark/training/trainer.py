@@ -29,8 +29,8 @@ from transformers.trainer_utils import (
 )
 from transformers.utils import logging
 
-from ..draft_vocab import target_to_draft_index
-from ..losses import IGNORE_INDEX, DSparkLossOutput, dspark_loss
+from ..model.draft_vocab import target_to_draft_index
+from ..ops.losses import IGNORE_INDEX, DSparkLossOutput, dspark_loss
 from .checkpoints import check_resume_config, publish_checkpoint, staging_dir
 from .collator import DSparkCollator
 from .features import TargetFeatureProvider, target_probs_at

@@ -1,0 +1,1 @@
+"""The DSpark drafter model: config, modeling, heads, layers, caches, draft vocabulary."""

@@ -1,0 +1,1 @@
+"""The math: pure tensor functions, one per equation (no model, no loop)."""

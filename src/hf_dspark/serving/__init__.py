@@ -1,0 +1,1 @@
+"""The continuous-batching engine over the DSpark round."""
