@@ -42,7 +42,7 @@ logger = logging.get_logger(__name__)
 
 # Dense below 8 (batch-1 rounds; fp32 CPU curves are jagged there); up to 32 rows × (1 + γ=7) so C = 32 is measured.
 DEFAULT_BATCH_TOKENS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-SHIPPED_STEP_CURVES = Path(__file__).resolve().parent / "resources" / "step_curves"
+SHIPPED_STEP_CURVES = Path(__file__).resolve().parents[1] / "resources" / "step_curves"
 CACHE_ENV = "HF_DSPARK_CACHE"
 _STATISTICS = {"median": statistics.median, "min": min}
 # Version of the profiled code path (the verification forward and `propose`). Bump it when a change makes them
