@@ -1,15 +1,15 @@
-"""Training throughput: supervised draft positions per second, old pipeline vs the means that replace it.
+"""Training throughput: supervised draft positions per second, the sparse-anchor fp32 baseline vs each speed-up.
 
 Every variant trains the same drafter configuration (2 layers, γ = 7, Markov rank 64, mask token 16) on the same
 examples of the regenerated data through the real `DSparkTrainer.compute_loss` (online target features, Eq. 14,
 backward, AdamW step). Variants run interleaved, one step each per round, so they share the machine's state; the
-reported figure is the median over rounds of (positions/s of the variant) / (positions/s of `old`).
+reported figure is the median over rounds of (positions/s of the variant) / (positions/s of `baseline`).
 
     OMP_NUM_THREADS=2 python benchmarks/training_throughput.py --threads 2 --rounds 2 --examples 16 \\
         --draft-vocab-sizes 8192
 
 Variants (name: target dtype / autocast, anchors per sequence, attention, draft vocabulary; batch 4 for all):
-    old                     fp32 / none, 16 anchors, dense attention, full vocabulary (the v1 pipeline)
+    baseline                fp32 / none, 16 anchors, dense attention, full vocabulary
     dense                   fp32 / none, all anchors, dense attention, full vocabulary
     dense_sparse            fp32 / none, all anchors, block-sparse attention, full vocabulary
     dense_sparse_bf16       bf16 / bf16, all anchors, block-sparse attention, full vocabulary
@@ -42,7 +42,7 @@ DRAFTER = {"num_hidden_layers": 2, "block_size": 7, "markov_rank": 64, "mask_tok
 
 def variants(vocab_sizes: list[int]) -> dict[str, dict]:
     out = {
-        "old": {"bf16": False, "anchors": 16, "draft_vocab": None, "sparse": False},
+        "baseline": {"bf16": False, "anchors": 16, "draft_vocab": None, "sparse": False},
         "dense": {"bf16": False, "anchors": 512, "draft_vocab": None, "sparse": False},
         "dense_sparse": {"bf16": False, "anchors": 512, "draft_vocab": None, "sparse": True},
         "dense_sparse_bf16": {"bf16": True, "anchors": 512, "draft_vocab": None, "sparse": True},
@@ -112,7 +112,7 @@ def main() -> None:
         "threads": args.threads, "batch_size": args.batch_size, "rounds": args.rounds, "drafter": DRAFTER,
         "variants": {
             name: {**specs[name], "positions_per_s_median": statistics.median(values),
-                   "speedup_vs_old_median": statistics.median(v / o for v, o in zip(values, results["old"]))}
+                   "speedup_vs_baseline_median": statistics.median(v / o for v, o in zip(values, results["baseline"]))}
             for name, values in results.items()
         },
     }
