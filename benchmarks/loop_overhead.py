@@ -16,7 +16,8 @@ Cases, interleaved (each repeat runs every case once, in rotated order), median 
 
 Ratios (per repeat, then median and IQR): fixed and auto against stock at batch 1 and against plain at each
 batch, auto-nodraft against plain at batch 1. `--code-root` times another checkout (its `src/` is put first on
-`PYTHONPATH` of a worker process) for a side-by-side table (`--before` prints one against another report of this benchmark). Writes
+`PYTHONPATH` of a worker process) for a side-by-side table (`--before` prints one against another report of
+this benchmark). Writes
 `benchmarks/results/<processor kind>/loop_overhead.json` (another checkout: `loop_overhead.<commit>.json`), with the
 provenance record (command, git commit, dirty flag, versions, processor, threads); the tables come from
 `loop_overhead_report.py`.
@@ -93,7 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="JSON report path (default: benchmarks/results/<processor kind>/loop_overhead.json).")
     parser.add_argument("--before", type=Path, default=None,
-                        help="another report of this benchmark (e.g. of a baseline checkout): also print a side-by-side table.")
+                        help="another report of this benchmark: also print a side-by-side table.")
     # fmt: on
     parser.add_argument("--worker-out", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
