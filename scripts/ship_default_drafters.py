@@ -252,6 +252,17 @@ def cmd_export(args: argparse.Namespace) -> None:
     print(f"bf16 drafter ({sum(p.numel() for p in drafter.parameters()):,} parameters) written to {out}")
 
 
+MODEL_CARDS = Path(__file__).resolve().parents[1] / "model_cards"
+
+
+def publish_card(variant: str) -> Path:
+    """Copy the shipped drafter's card to model_cards/<drafter folder>.md (the published cards, kept identical)."""
+    card = default_drafter_dir(variant) / "README.md"
+    copy = MODEL_CARDS / f"{card.parent.name}.md"
+    copy.write_bytes(card.read_bytes())
+    return copy
+
+
 def cmd_card(args: argparse.Namespace) -> None:
     folder = default_drafter_dir(args.variant)
     drafter = DSparkDrafter.from_pretrained(folder)
@@ -287,13 +298,15 @@ output = target.generate(**inputs, assistant_model=drafter, max_new_tokens=128)
         reproduce=reproduce,
         usage=usage,
     )
-    print(f"wrote {folder / 'README.md'}")
+    publish_card(args.variant)
+    print(f"wrote {folder / 'README.md'} and its copy in {MODEL_CARDS}/")
 
 
 def cmd_tau(args: argparse.Namespace) -> None:
     card = default_drafter_dir(args.variant) / "README.md"
     card.write_text(replace_tau_section(card.read_text(encoding="utf-8"), args.variant, args.eval), encoding="utf-8")
-    print(f"rewrote the τ table of {card}")
+    publish_card(args.variant)
+    print(f"rewrote the τ table of {card} and its copy in {MODEL_CARDS}/")
 
 
 def main() -> None:
