@@ -64,7 +64,7 @@ def prompt_file(tmp_path):
         (["--threshold", "5"], "--threshold: expected a number in [0, 1], got 5.0"),
         (["--concurrency", "4", "0"], "--concurrency: expected an integer >= 1, got 0"),
         (["--arrival-rate", "-1"], "--arrival-rate: expected a finite number > 0, got -1"),
-        (["--sets", "missing.jsonl"], "--sets: no such file(s): missing.jsonl"),
+        (["--sets", "missing.jsonl"], "--sets: prompt set missing.jsonl: no such file"),
         (["--drafter", "missing_drafter_dir/x/y"], "no such folder"),
     ],
 )
@@ -84,7 +84,7 @@ def test_bench_serve_names_a_malformed_prompt_line(tmp_path, capsys, no_model_lo
 
 def test_bench_speed_validates_before_loading(prompt_file, capsys, no_model_load):
     err = _usage_error(["bench", "speed", "--sets", "missing.jsonl"], capsys)
-    assert "--sets: no such file(s): missing.jsonl" in err
+    assert "--sets: prompt set missing.jsonl: no such file" in err
     err = _usage_error(["bench", "speed", "--sets", prompt_file, "--scheduler", "lagged_paded"], capsys)
     assert "--scheduler 'lagged_paded' is not a dspark_policy" in err
     err = _usage_error(["bench", "speed", "--sets", prompt_file, "--methods", "hybrid", "hybird"], capsys)

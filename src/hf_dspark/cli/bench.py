@@ -15,10 +15,11 @@ from .loaders import (
     positive_int,
     probability,
 )
-from .validation import check_drafter_path, check_files, check_output_parent
+from .prompt_sets import add_sets_arguments, resolve_sets
+from .validation import check_drafter_path, check_output_parent
 
-SPEED_SETS = ["data/eval/gsm8k.jsonl", "data/eval/mt-bench.jsonl"]
-SERVE_SETS = ["data/eval/gsm8k.jsonl", "data/eval/humaneval.jsonl", "data/eval/mt-bench.jsonl"]
+SPEED_SETS = ["gsm8k", "mt-bench"]
+SERVE_SETS = ["gsm8k", "humaneval", "mt-bench"]
 
 
 RESULTS_HELP = "benchmarks/results/<processor kind>/{name}.json, the kind of --device's processor"
@@ -45,7 +46,7 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
     from ..eval.speed import SpeedConfig, run_speed_benchmark
 
     args.out = args.out or default_out("speed", args.device)
-    check_files(args.parser, "--sets", args.sets)
+    args.sets = resolve_sets(args)
     check_drafter_path(args.parser, "--drafter", args.drafter)
     check_drafter_path(args.parser, "--baseline", args.baseline)
     check_output_parent(args.parser, "--out", args.out)
@@ -128,7 +129,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
     from ..proposers.oracle import oracle_for
 
     args.out = args.out or default_out("serve", args.device)
-    check_files(args.parser, "--sets", args.sets)
+    args.sets = resolve_sets(args)
     check_drafter_path(args.parser, "--drafter", args.drafter)
     check_output_parent(args.parser, "--out", args.out)
     if args.hybrid and args.oracle:
@@ -237,7 +238,7 @@ def _add_speed_command(bench) -> None:
         "row and round) at ℓ = γ and with auto, and the oracle drafter, on the embedded default target; every "
         "method timed interleaved with plain, its output checked against plain greedy's.",
     )
-    speed.add_argument("--sets", nargs="+", default=SPEED_SETS, help="JSONL prompt sets")
+    add_sets_arguments(speed, SPEED_SETS, "the first user turn of the first --prompts items of each")
     speed.add_argument("--prompts", type=positive_int, default=3, help="prompts per set")
     speed.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens generated per prompt")
     speed.add_argument("--repeats", type=positive_int, default=3, help="timed runs per prompt and method (median)")
@@ -294,7 +295,7 @@ def _add_serve_command(bench) -> None:
         description="Continuous-batching serving benchmark on the embedded default target: aggregate and per-user "
         "tokens/s per verification policy and load level.",
     )
-    serve.add_argument("--sets", nargs="+", default=SERVE_SETS, help="JSONL prompt sets (first turn of each prompt)")
+    add_sets_arguments(serve, SERVE_SETS, "the first user turn of the first --prompts-per-set items of each")
     serve.add_argument("--prompts-per-set", type=positive_int, default=8, help="prompts taken from each set")
     serve.add_argument(
         "--concurrency",

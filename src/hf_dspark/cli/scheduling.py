@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from .loaders import add_runtime_arguments, load_drafter_spec, load_target, positive_int
-from .validation import check_drafter_path, check_drafter_spec, check_files, check_output_parent
+from .prompt_sets import add_sets_arguments, resolve_sets
+from .validation import check_drafter_path, check_drafter_spec, check_output_parent
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -68,7 +69,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..eval.calibrate import CalibrationRun, check_calibration_out, is_same_folder, run_calibration
     from ..model.modeling_dspark import DSparkDrafter
 
-    check_files(args.parser, "--prompts", args.prompts)
+    args.prompts = resolve_sets(args)
     check_drafter_path(args.parser, "--drafter", args.drafter)
     out = Path(args.out or args.drafter)
     check_calibration_out(out, is_same_folder(args.drafter, out), args.drafter, args.overwrite)  # before any load
@@ -129,7 +130,7 @@ def add_calibrate_command(sub) -> None:
                                "temperature scaling (STS) of the drafter's confidence head per position and store "
                                "the measured acceptance per position (the 'auto' policy's starting estimate).")
     calibrate.add_argument("--drafter", required=True, help="trained drafter folder (updated in place by default)")
-    calibrate.add_argument("--prompts", nargs="+", required=True, help="held-out JSONL prompt sets")
+    add_sets_arguments(calibrate, ["calibration-gsm8k"], "held-out prompts (first user turn)", option="--prompts")
     calibrate.add_argument("--limit", type=positive_int, default=32, help="prompts per set")
     calibrate.add_argument("--skip", type=int, default=0, help="skip the first N prompts of each set")
     calibrate.add_argument("--mode", choices=["greedy", "sampling", "both"], default="both",

@@ -3,26 +3,64 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import torch
 
+from .hf_prompts import dataset_prompt_file, is_dataset_spec, parse_dataset_spec
+
+# The prompt sets shipped in the package (resources/prompts/, PROVENANCE.md there): name -> domain.
+PROMPT_SETS = {
+    "gsm8k": "math",
+    "math500": "math",
+    "humaneval": "code",
+    "mbpp": "code",
+    "mt-bench": "chat",
+    "calibration-gsm8k": "math (held-out training prompts, for calibrate)",
+}
+PROMPT_SPEC_HELP = (
+    "a shipped set by name (" + ", ".join(PROMPT_SETS) + "), a JSONL file of {\"turns\": [...]} lines, or a "
+    "Hugging Face dataset hf://datasets/OWNER/NAME[:split[:field]]"
+)
+
+
+def shipped_prompt_set(name: str) -> Path:
+    """The packaged JSONL file of the shipped set `name` (a key of `PROMPT_SETS`)."""
+    if name not in PROMPT_SETS:
+        raise ValueError(f"no shipped prompt set {name!r}; the shipped ones are {', '.join(PROMPT_SETS)}")
+    return Path(str(resources.files("hf_dspark") / "resources" / "prompts" / f"{name}.jsonl"))
+
+
+def resolve_prompt_set(spec: str | Path) -> Path:
+    """The JSONL file behind a prompt-set spec: a shipped name (`gsm8k`), an existing file, or
+    `hf://datasets/OWNER/NAME[:split[:field]]` (read through `datasets` once, then cached). `ValueError` otherwise.
+
+    A file in the current folder wins over a shipped set of the same name."""
+    text = str(spec)
+    if is_dataset_spec(text):
+        return dataset_prompt_file(parse_dataset_spec(text))
+    if Path(text).is_file():
+        return Path(text)
+    if text in PROMPT_SETS:
+        return shipped_prompt_set(text)
+    raise ValueError(f"prompt set {text}: no such file, and not a shipped set name ({', '.join(PROMPT_SETS)}) or "
+                     "hf://datasets/OWNER/NAME[:split[:field]]")
+
 
 def check_prompt_files(paths: list[str]) -> None:
-    """Raise `ValueError` unless `paths` names at least one prompt file and each exists and reads as a prompt set
-    (checked before any model is loaded)."""
+    """Raise `ValueError` unless `paths` names at least one prompt set (`resolve_prompt_set`) and each reads as a
+    prompt set (checked before any model is loaded)."""
     if not paths:
-        raise ValueError("give at least one prompt file (e.g. data/eval/gsm8k.jsonl)")
+        raise ValueError("give at least one prompt set (a shipped name such as gsm8k, or a JSONL file)")
     for path in paths:
-        if not Path(path).is_file():
-            raise ValueError(f"prompt file {path} does not exist")
         load_prompt_set(path)
 
 
 def set_names(paths: list[str]) -> list[str]:
-    """One name per prompt file: its stem (`gsm8k`), or, where two files share a stem, as many parent folders as
-    tell them apart (`a/chat`, `b/chat`). The same file given twice is a `ValueError`."""
-    resolved = [Path(p).resolve() for p in paths]
+    """One name per prompt set: a shipped set's name, a file's stem (`gsm8k`), or, where two files share a stem, as
+    many parent folders as tell them apart (`a/chat`, `b/chat`). The same file given twice is a `ValueError`."""
+    resolved = [resolve_prompt_set(p).resolve() for p in paths]
     twice = sorted({str(p) for p in resolved if resolved.count(p) > 1})
     if twice:
         raise ValueError(f"prompt file(s) {twice} given more than once")
@@ -60,8 +98,10 @@ def _unencodable_turn(turns: list[str]) -> int | None:
 
 
 def load_prompt_set(path: str | Path) -> list[dict]:
-    """Read a JSONL prompt set (UTF-8, a leading byte-order mark allowed); every line must be an object with a
-    non-empty list `turns` of strings that are valid Unicode text, and there must be at least one."""
+    """Read a JSONL prompt set, given as a file, a shipped name or a dataset (`resolve_prompt_set`): UTF-8, a leading
+    byte-order mark allowed; every line must be an object with a non-empty list `turns` of strings that are valid
+    Unicode text, and there must be at least one."""
+    path = resolve_prompt_set(path)
     items = []
     with open(path, encoding="utf-8-sig") as handle:
         try:
