@@ -21,6 +21,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer, get_layer_types
 
 from .attention import packed_gqa_attention
 from .packed_linear import PackedLinears, packed_linears
+from .tree_forward import TreeSlots, gather_new_slots, new_slot_visibility
 
 MASKABLE_LAYERS = ("full_attention", "sliding_attention")
 MASK_IMPLEMENTATIONS = ("sdpa", "eager")
@@ -108,16 +109,19 @@ def on_devices(index: torch.Tensor) -> Callable[[torch.device], torch.Tensor]:
 
 
 def verification_masks(layout: AttentionLayout, key_valid: torch.Tensor, key_positions: torch.Tensor,
-                       query_positions: torch.Tensor, dtype: torch.dtype):
+                       query_positions: torch.Tensor, dtype: torch.dtype, tree: TreeSlots | None = None):
     """4D masks `[A, 1, T, K]` for one forward: a tensor, or `{layer type: tensor}` for hybrid targets.
 
     key_valid / key_positions: `[A, K]` (cached slots then the T new ones); query_positions: `[A, T]`. Each query
     also sees its own slot, so padded query slots (never read) are never fully masked. Bool for sdpa, additive
-    (0 / dtype min) for eager, as transformers' own mask functions produce.
+    (0 / dtype min) for eager, as transformers' own mask functions produce. tree: the new slots are tree nodes,
+    each seeing only its ancestors among them (`tree_forward`).
     """
     steps = query_positions.shape[1]
     distance = query_positions[:, :, None] - key_positions[:, None, :]
     visible = key_valid[:, None, :] & (distance >= 0)
+    if tree is not None:
+        visible[:, :, -steps:] &= new_slot_visibility(steps, visible.device, tree)
     own_slot = torch.zeros_like(visible)
     own_slot[:, :, -steps:] = torch.eye(steps, dtype=torch.bool, device=visible.device)
     masks = {}
@@ -180,7 +184,7 @@ class RaggedTargetCache:
 
     def forward(self, model, input_ids: torch.Tensor, input_valid: torch.Tensor, tap_indices: list[int],
                 extra_kwargs: dict | None = None, packs: PackedLinears | None = None,
-                host_input_counts: Sequence[int] | None = None) -> VerifyOutput:
+                host_input_counts: Sequence[int] | None = None, tree: TreeSlots | None = None) -> VerifyOutput:
         """One target forward over `[A, T]` new tokens; returns fp32 logits and tapped features for all T.
         packs: the target's packed linear weights (`packed_linear`), or None. host_input_counts: each row's valid
         inputs (1 + ℓ_r) as host ints; with the host mirror they tell a batch without holes, which an SDPA target
@@ -188,20 +192,25 @@ class RaggedTargetCache:
 
         The new slots hold `input_valid` until the commit (`commit_last` writes what each row kept; `commit_every`
         marks them all, which a caller whose inputs were all valid may skip with `marked=True`): the validity the
-        mask was built from becomes the cache's, one concatenation for both."""
+        mask was built from becomes the cache's, one concatenation for both. tree: the inputs are draft-tree nodes
+        (`tree_forward`): positions next + depth, each node attending to its ancestors; `commit_path` keeps one
+        path."""
         steps = input_ids.shape[1]
-        if steps == 1:  # a plain step: each row's next position (a view; `next_position` is replaced, never written)
+        if tree is not None:
+            positions = self.next_position[:, None] + tree.depth
+        elif steps == 1:  # a plain step: each row's next position (a view; `next_position` is replaced, never written)
             positions = self.next_position[:, None]
         else:
             positions = self.next_position[:, None] + torch.arange(steps, device=input_ids.device)[None, :]
         valid = torch.cat([self.valid, input_valid.bool()], dim=1)
         mask = None  # no hole anywhere: transformers' causal path
-        if not self._without_holes(steps, host_input_counts):
+        if tree is not None or not self._without_holes(steps, host_input_counts):
             mask = valid.long()
         self.positions = torch.cat([self.positions, positions], dim=1)
-        if mask is not None and self.layout is not None and self.layout.needs_masks:
+        if tree is not None or (mask is not None and self.layout is not None and self.layout.needs_masks):
             dtype = model.get_input_embeddings().weight.dtype
-            mask = verification_masks(self.layout, valid, self.positions, positions, dtype)
+            layout = self.layout or attention_layout(model)
+            mask = verification_masks(layout, valid, self.positions, positions, dtype, tree)
         # no KV copy per layer for grouped-query attention (attention.py); few-row products on packed weights
         # (a single token, batch-1 plain decoding, is never routed there, so it skips the swap)
         with packed_gqa_attention(model), packed_linears(packs if input_ids.numel() > 1 else None):
@@ -239,6 +248,21 @@ class RaggedTargetCache:
             self.drop_tail(steps - max(host_kept, default=steps))
         self.maybe_compact()
         return new
+
+    def commit_path(self, steps: int, order: torch.Tensor, kept: torch.Tensor,
+                    host_kept: Sequence[int] | None = None) -> torch.Tensor:
+        """The last forward appended `steps` tree nodes; row a keeps its accepted path, kept[a] nodes long (anchor
+        included). order `[A, steps]`: `tree_forward.path_slot_order` of the path. The path's keys, values and
+        positions move into the first new slots in depth order, then `commit_last` keeps them like a chain."""
+        start = self.width - steps
+        order_on = {}
+        for layer in self.cache.layers:
+            device = layer.keys.device
+            order_on.setdefault(device, order.to(device, non_blocking=True))
+            gather_new_slots(layer.keys, order_on[device], start, dim=2)
+            gather_new_slots(layer.values, order_on[device], start, dim=2)
+        gather_new_slots(self.positions, order, start, dim=1)
+        return self.commit_last(steps, kept, host_kept)
 
     def drop_tail(self, slots: int) -> None:
         """Drop the last `slots` slots, which no row keeps (the drafts every row rejected): views of the layers, no

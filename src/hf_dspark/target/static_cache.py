@@ -22,6 +22,7 @@ from transformers.generation import configuration_utils
 from .attention import packed_gqa_attention
 from .packed_linear import PackedLinears, packed_linears
 from .ragged_cache import AttentionLayout, RaggedTargetCache, VerifyOutput
+from .tree_forward import TreeSlots, gather_new_slots, new_slot_visibility
 
 
 class RaggedStaticLayer(CacheLayerMixin):
@@ -66,13 +67,23 @@ def static_masks(
     prompt_width: int,
     query_slots: torch.Tensor,
     query_positions: torch.Tensor,
+    tree: TreeSlots | None = None,
 ) -> dict[str, torch.Tensor]:
     """Visibility `{layer type: [A, 1, T, C]}` (bool) of key slot k for the query at slot s (module docstring).
 
-    prompt_valid / slot_positions: `[A, C]`; query_slots / query_positions: `[A, T]`; prompt_width: L.
+    prompt_valid / slot_positions: `[A, C]`; query_slots / query_positions: `[A, T]`; prompt_width: L. tree: the
+    T queries are draft-tree nodes written at query_slots (`tree_forward`): each sees the committed slots before
+    the first of them and its ancestors among them; slot_positions must then hold the nodes' positions.
     """
     slots = torch.arange(prompt_valid.shape[1], device=prompt_valid.device)
-    written = (slots[None, None, :] >= prompt_width) & (slots[None, None, :] <= query_slots[:, :, None])
+    if tree is None:
+        written = (slots[None, None, :] >= prompt_width) & (slots[None, None, :] <= query_slots[:, :, None])
+    else:
+        first = query_slots[:, :1, None]
+        written = (slots[None, None, :] >= prompt_width) & (slots[None, None, :] < first)
+        written = written.expand(-1, query_slots.shape[1], -1)
+        among = new_slot_visibility(query_slots.shape[1], query_slots.device, tree)
+        written = written.scatter(2, query_slots[:, None, :].expand_as(among), among)
     visible = written | prompt_valid[:, None, :]
     masks = {}
     for layer_type, window in layout.windows.items():
@@ -163,16 +174,21 @@ class StaticTargetCache:
         extra_kwargs: dict | None = None,
         packs: PackedLinears | None = None,
         host_input_counts=None,
+        tree: TreeSlots | None = None,
     ) -> VerifyOutput:
         """One target forward over `[A, T]` new tokens, padded to its bucket; fp32 logits / features for the T
-        (`host_input_counts`: unused, the static path always writes its mask buffer)."""
+        (`host_input_counts`: unused, the static path always writes its mask buffer). tree: the T inputs are
+        draft-tree nodes, one bucket of their own (T, the round's node budget); `commit_path` keeps one path."""
         steps = input_ids.shape[1]
-        bucket = self.bucket(steps)
-        padded = torch.nn.functional.pad(input_ids, (0, bucket - steps))
-        offsets = torch.arange(bucket, device=input_ids.device)[None, :]
-        positions = self.next_position[:, None] + offsets
-        query_slots = (self.offset[:, None] + offsets).clamp_max(self.plan.capacity - 1)
-        mask = self._write_masks(bucket, query_slots, positions, model.get_input_embeddings().weight.dtype)
+        if tree is not None:
+            padded, query_slots, positions, mask = self._tree_inputs(input_ids, tree, model)
+        else:
+            bucket = self.bucket(steps)
+            padded = torch.nn.functional.pad(input_ids, (0, bucket - steps))
+            offsets = torch.arange(bucket, device=input_ids.device)[None, :]
+            positions = self.next_position[:, None] + offsets
+            query_slots = (self.offset[:, None] + offsets).clamp_max(self.plan.capacity - 1)
+            mask = self._write_masks(bucket, query_slots, positions, model.get_input_embeddings().weight.dtype)
         on_device: dict[torch.device, torch.Tensor] = {}
         for layer in self.cache.layers:
             layer.slots = on_device.setdefault(layer.device, query_slots.to(layer.device))
@@ -193,6 +209,38 @@ class StaticTargetCache:
                 out = model(**kwargs)
         features = torch.cat([out.hidden_states[i] for i in tap_indices], dim=-1)[:, :steps] if tap_indices else None
         return VerifyOutput(out.logits[:, :steps].float(), features)
+
+    def _tree_inputs(self, input_ids: torch.Tensor, tree: TreeSlots, model):
+        """(inputs, query slots, positions, mask) of a tree forward: the T nodes at o_a, ..., o_a + T − 1, at
+        positions next + depth, each seeing the committed slots and its ancestors (a fresh mask: trees have
+        their own bucket)."""
+        steps = input_ids.shape[1]
+        if steps > self.plan.block_size + 1:
+            raise ValueError(
+                f"a tree of {steps} nodes exceeds the static cache's slack of {self.plan.block_size + 1} slots; "
+                "build the static plan with block_size ≥ the tree's node budget (static_plan(..., block_size))."
+            )
+        offsets = torch.arange(steps, device=input_ids.device)[None, :]
+        query_slots = (self.offset[:, None] + offsets).clamp_max(self.plan.capacity - 1)
+        positions = self.next_position[:, None] + tree.depth.to(input_ids.device)
+        key_positions = self.slot_positions.scatter(1, query_slots, positions)
+        fresh = static_masks(self.layout, self.prompt_valid, key_positions, self.prompt_width, query_slots,
+                             positions, tree)
+        if self.layout.implementation == "eager":
+            dtype = model.get_input_embeddings().weight.dtype
+            fresh = {k: torch.where(v, 0.0, torch.finfo(dtype).min).to(dtype) for k, v in fresh.items()}
+        mask = next(iter(fresh.values())) if len(fresh) == 1 else fresh
+        return input_ids, query_slots, positions, mask
+
+    def commit_path(self, steps: int, order: torch.Tensor, kept: torch.Tensor, host_kept=None) -> torch.Tensor:
+        """The last forward wrote `steps` tree nodes at o_a, ...; row a keeps its accepted path, kept[a] nodes
+        long (order `[A, steps]`: `tree_forward.path_slot_order`): the path's keys and values move to o_a, o_a + 1,
+        ... in depth order, then `commit_last` moves the write offset as for a chain."""
+        for layer in self.cache.layers:
+            device = layer.keys.device
+            gather_new_slots(layer.keys, order.to(device), self.offset.to(device), dim=2)
+            gather_new_slots(layer.values, order.to(device), self.offset.to(device), dim=2)
+        return self.commit_last(steps, kept, host_kept)
 
     def commit_last(self, steps: int, kept: torch.Tensor, host_kept=None) -> torch.Tensor:
         """Row a keeps the first kept[a] slots of the last forward: its write offset moves by kept[a] (`host_kept`:
