@@ -1,7 +1,5 @@
 """Speculative sampling follows the target distribution exactly: exact enumeration vs DSpark samples."""
 
-import itertools
-
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -13,6 +11,7 @@ from transformers.generation.logits_process import (
 )
 
 import hf_dspark.generation.round as round_module
+from hf_dspark.eval.lossless import chi_square_pvalue, exact_joint, sample_codes
 from hf_dspark.ops.verification import VerificationResult
 from tests.helpers import make_drafter, make_target
 
@@ -49,46 +48,12 @@ def setup():
 
 
 def _exact_joint(target, prompt, settings) -> torch.Tensor:
-    """P(x_1..x_n | prompt) for every continuation, with the warpers applied at each step. `[V**n]`."""
-    warpers = _warpers(settings)
-    prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS - 1)))
-    seqs = torch.cat([prompt.expand(len(prefixes), -1), prefixes], dim=1)
-    with torch.no_grad():
-        logits = target(seqs).logits[:, prompt.shape[1] - 1 :].float()  # [N, n, V]
-    probs = torch.stack([torch.softmax(warpers(None, logits[:, k]), -1) for k in range(NEW_TOKENS)], dim=1)
-    joint = torch.zeros(VOCAB**NEW_TOKENS)
-    for i, prefix in enumerate(prefixes.tolist()):
-        p = 1.0
-        for k in range(NEW_TOKENS - 1):
-            p = p * probs[i, k, prefix[k]]
-        tail = p * probs[i, NEW_TOKENS - 1]  # [V]
-        base = sum(t * VOCAB ** (NEW_TOKENS - 1 - k) for k, t in enumerate(prefix))
-        joint[base : base + VOCAB] = tail
-    return joint
+    return exact_joint(target, prompt, NEW_TOKENS, _warpers(settings))
 
 
 def _sample_codes(target, drafter, prompt, settings, seed) -> torch.Tensor:
-    torch.manual_seed(seed)
-    codes = []
-    for _ in range(SAMPLES // 4000):
-        out = target.generate(prompt.expand(4000, -1), do_sample=True, max_new_tokens=NEW_TOKENS,
-                              assistant_model=drafter, **{"top_k": 0, **settings})
-        gen = out[:, prompt.shape[1] :]
-        codes.append(sum(gen[:, k] * VOCAB ** (NEW_TOKENS - 1 - k) for k in range(NEW_TOKENS)))
-    return torch.cat(codes)
-
-
-def _chi_square_pvalue(codes: torch.Tensor, joint: torch.Tensor) -> float:
-    observed = torch.bincount(codes, minlength=joint.numel()).double()
-    expected = joint.double() * codes.numel()
-    big = expected >= 5
-    obs = torch.cat([observed[big], observed[~big].sum()[None]])
-    exp = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = exp > 0
-    assert (observed[expected == 0] == 0).all(), "sampled a continuation the target gives probability 0"
-    stat = ((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()
-    dof = int(keep.sum()) - 1
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0), stat / 2.0))
+    return sample_codes(target, prompt, NEW_TOKENS, SAMPLES, seed, assistant_model=drafter,
+                        **{"top_k": 0, **settings})
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
@@ -98,7 +63,7 @@ def test_dspark_sampling_matches_target_distribution(setup, name):
     codes = _sample_codes(target, drafter, prompt, SETTINGS[name], seed=1)
     stats = drafter.last_generation_stats
     assert 0.05 < stats.acceptance_rate < 0.95, "the test needs both accepted and rejected drafts"
-    assert _chi_square_pvalue(codes, joint) > 1e-4
+    assert chi_square_pvalue(codes, joint) > 1e-4
 
 
 def test_a_wrong_acceptance_rule_is_detected(setup, monkeypatch):
@@ -112,7 +77,7 @@ def test_a_wrong_acceptance_rule_is_detected(setup, monkeypatch):
     monkeypatch.setattr(round_module, "verify_sampling", accept_all)
     joint = _exact_joint(target, prompt, SETTINGS["plain"])
     codes = _sample_codes(target, drafter, prompt, SETTINGS["plain"], seed=2)
-    assert _chi_square_pvalue(codes, joint) < 1e-6
+    assert chi_square_pvalue(codes, joint) < 1e-6
 
 
 def test_auto_policy_sampling_matches_target_distribution(setup, name="top_p"):
@@ -128,4 +93,4 @@ def test_auto_policy_sampling_matches_target_distribution(setup, name="top_p"):
     codes = _sample_codes(target, drafter, prompt, settings, seed=3)
     drafted = drafter.last_generation_stats.drafted_rows
     assert any(0 < d < 4000 for d in drafted), drafted  # a subset of the rows drafted
-    assert _chi_square_pvalue(codes, joint) > 1e-4
+    assert chi_square_pvalue(codes, joint) > 1e-4

@@ -1,11 +1,13 @@
 """Pure bookkeeping of offline accepted length: τ, position-wise acceptance, threshold sweep, calibration data.
 
+The `evaluate` metric modules in `eval/metrics/` (`accepted_length`, `position_acceptance`) compute with these.
+
 Every generated row is stored as a list of rounds `[ℓ, m, c]`: ℓ = draft tokens verified, m = drafts accepted,
 c = tokens committed (accepted drafts + the correction/bonus token, cut where the row stopped). A round whose
 row stopped on an accepted draft (EOS inside the block) has c == m and is *censored*: positions 1..m are known
 accepted, later positions unknown. Otherwise c == m + 1. With the scheduler off (ℓ = γ) these counts give:
 
-- τ = Σ c / Σ rounds (the paper's accepted length, bonus token included);
+- τ = Σ c / Σ rounds (the paper's accepted length, bonus token included), and without it Σ min(m, c) / Σ rounds;
 - P(position k accepted | positions < k accepted) = #(m ≥ k) / #(m ≥ k − 1) over rounds that verified k;
 - a static confidence threshold t offline: ℓ_t = leading positions with survival ≥ t (at most ℓ), and the run
   with ℓ_t would have accepted min(m, ℓ_t) (the same verification randomness decides the shared prefix).
@@ -41,6 +43,13 @@ def accepted_length(rounds: Iterable[Round]) -> float | None:
     """τ = Σ c / number of rounds (bonus token included); None without rounds."""
     committed = [r[2] for r in rounds]
     return sum(committed) / len(committed) if committed else None
+
+
+def accepted_length_without_bonus(rounds: Iterable[Round]) -> float | None:
+    """τ without the bonus token = Σ min(m, c) / number of rounds (accepted drafts that were committed, per round);
+    None without rounds."""
+    accepted = [min(r[1], r[2]) for r in rounds]
+    return sum(accepted) / len(accepted) if accepted else None
 
 
 def acceptance_rate(rounds: Iterable[Round]) -> float | None:
