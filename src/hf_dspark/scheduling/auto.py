@@ -1,4 +1,5 @@
-"""`"auto"`: cost-aware drafting (plans from earlier rounds, `scheduling.cost_policy`), then the sunk-cost stop.
+"""`AutoPolicy` (registered as `auto`, the default): cost-aware drafting (plans from earlier rounds,
+`scheduling.cost_policy`), then the sunk-cost stop.
 
 The lagged acceptance is kept per request, or per (request, source) where the drafter prices its rows
 (`DraftModel.row_draft_costs`): rows priced at different shares draft from different sources (a hybrid's lookup
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from .acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker
-from .base import BasePolicy
+from .base import BasePolicy, PolicyOptions
 from .cost_policy import CostAwarePlanner
 from .padded import sunk_cost_stop
 from .records import DraftPlan, PolicySettings
@@ -27,11 +28,15 @@ class AutoPolicy(BasePolicy):
     `settings.memory` (a `PolicyMemory` the caller owns; None: this call only)."""
 
     needs_step_curve = True
-    observes_host_ints = True
+    needs_draft_curve = True
+    plans_rows = True
     uses_row_acceptance = True
+    learns = True
+    observes_host_ints = True
+    per_decoding_mode = True
 
-    def __init__(self, settings: PolicySettings) -> None:
-        super().__init__(settings)
+    def __init__(self, settings: PolicySettings, options: PolicyOptions | None = None) -> None:
+        super().__init__(settings, options)
         gamma = settings.block_size
         memory = (
             settings.memory.for_mode(gamma, settings.greedy)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import numbers
+from dataclasses import dataclass
+
 import torch
 
 from ..profiling.step_curve import StepCurve
-from .base import BasePolicy
+from .base import BasePolicy, PolicyOptions
+from .records import PolicySettings
 
 
 def schedule_fixed(
@@ -20,12 +24,35 @@ def schedule_fixed(
     return torch.full((rows,), value, dtype=torch.long, device=survival.device)
 
 
+@dataclass(frozen=True)
+class FixedOptions(PolicyOptions):
+    """The options of `"fixed"`.
+
+    Args:
+        verify_len: ℓ, the drafts every row verifies, an integer 0..γ (`dspark_verify_len`; None: γ; 1 is the
+            "MTP-1"-like budget).
+    """
+
+    verify_len: int | None = None
+
+    def __post_init__(self) -> None:
+        value = self.verify_len
+        if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"dspark_verify_len must be a non-negative integer (at most γ), got {value!r}.")
+
+    def check(self, settings: PolicySettings) -> None:
+        if self.verify_len is not None and self.verify_len > settings.block_size:
+            raise ValueError(f"dspark_verify_len must be in 0..{settings.block_size} (γ), got {self.verify_len}.")
+
+
 class FixedPolicy(BasePolicy):
     """`"fixed"`: ℓ_r = `verify_len` (γ when unset) for every row; needs no confidence head."""
 
+    options_class = FixedOptions
     rule = staticmethod(schedule_fixed)
     reads_survival = False
 
     def lengths(self, survival, rows, device):
-        length = self.settings.block_size if self.settings.verify_len is None else self.settings.verify_len
+        verify_len = self.options.verify_len
+        length = self.settings.block_size if verify_len is None else int(verify_len)
         return torch.full((rows,), length, dtype=torch.long, device=device)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..profiling.step_curve import StepCurve, check_survival
-from .base import BasePolicy, require_survival
+from .base import BasePolicy
 
 
 def sorted_path(survival: torch.Tensor, step_curve: StepCurve) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -67,4 +67,4 @@ class GreedyPolicy(BasePolicy):
     rule = staticmethod(schedule_greedy)
 
     def lengths(self, survival, rows, device):
-        return schedule_greedy(require_survival(self, survival, "greedy"), self.settings.step_curve)
+        return schedule_greedy(survival, self.settings.step_curve)

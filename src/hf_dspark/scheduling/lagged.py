@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..profiling.step_curve import StepCurve, check_survival
-from .base import BasePolicy, require_survival
+from .base import BasePolicy
 from .greedy import admit_top, schedule_greedy, sorted_path
 
 
@@ -69,11 +69,10 @@ class LaggedPolicy(BasePolicy):
     uses_capacity_survival = True
     rule = staticmethod(schedule_lagged)
 
-    def __init__(self, settings):
-        super().__init__(settings)
+    def __init__(self, settings, options=None):
+        super().__init__(settings, options)
         self._previous: torch.Tensor | None = None
 
     def lengths(self, survival, rows, device):
-        survival = require_survival(self, survival, "lagged")
         previous, self._previous = self._previous, survival
         return schedule_lagged(survival, self.settings.step_curve, previous)

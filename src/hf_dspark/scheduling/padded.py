@@ -32,7 +32,7 @@ import torch
 
 from ..profiling.step_curve import StepCurve, check_survival
 from .acceptance import host_array
-from .base import BasePolicy, require_survival
+from .base import BasePolicy
 
 
 def padded_throughput(survival: torch.Tensor, step_curve: StepCurve) -> torch.Tensor:
@@ -223,7 +223,7 @@ class PaddedGreedyPolicy(BasePolicy):
     rule = staticmethod(schedule_padded_greedy)
 
     def lengths(self, survival, rows, device):
-        return schedule_padded_greedy(require_survival(self, survival, "greedy_padded"), self.settings.step_curve)
+        return schedule_padded_greedy(survival, self.settings.step_curve)
 
 
 class PaddedLaggedPolicy(BasePolicy):
@@ -234,11 +234,10 @@ class PaddedLaggedPolicy(BasePolicy):
     uses_capacity_survival = True
     rule = staticmethod(schedule_padded_lagged)
 
-    def __init__(self, settings):
-        super().__init__(settings)
+    def __init__(self, settings, options=None):
+        super().__init__(settings, options)
         self._previous: torch.Tensor | None = None
 
     def lengths(self, survival, rows, device):
-        survival = require_survival(self, survival, "lagged_padded")
         previous, self._previous = self._previous, survival
         return schedule_padded_lagged(survival, self.settings.step_curve, previous)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..profiling.step_curve import StepCurve, check_survival
-from .base import BasePolicy, require_survival
+from .base import BasePolicy
+from .threshold import ThresholdOptions
 
 
 def slot_confidences(survival: torch.Tensor) -> torch.Tensor:
@@ -25,7 +26,7 @@ def slot_confidences(survival: torch.Tensor) -> torch.Tensor:
 
 
 def schedule_slot_threshold(
-    survival: torch.Tensor, step_curve: StepCurve | None = None, threshold: float = 0.5
+    survival: torch.Tensor, step_curve: StepCurve | None = None, threshold: float = ThresholdOptions.threshold
 ) -> torch.Tensor:
     """(S2) ℓ_r = min{j : c_{r,j} < t} (γ when no slot falls below t; t ≤ 0 keeps all γ), c from (S1).
 
@@ -39,9 +40,9 @@ def schedule_slot_threshold(
 class SlotThresholdPolicy(BasePolicy):
     """`"slot_threshold"`: ℓ_r = slots before the first one whose own confidence c_{r,j} < `threshold` (DeepSpec)."""
 
+    options_class = ThresholdOptions
     needs_confidence = True
     rule = staticmethod(schedule_slot_threshold)
 
     def lengths(self, survival, rows, device):
-        survival = require_survival(self, survival, "slot_threshold")
-        return schedule_slot_threshold(survival, threshold=self.settings.threshold)
+        return schedule_slot_threshold(survival, threshold=self.options.threshold)
