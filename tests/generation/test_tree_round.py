@@ -1,0 +1,172 @@
+"""Tree rounds (`dspark_tree_budget`): greedy output bit-identical to plain `generate` on every family, batched with
+ragged prompts, dynamic and static caches; drafts accepted off the argmax chain; chains when trees cannot run."""
+
+import pytest
+import torch
+
+from hf_dspark.generation.drafting import ContextLengths
+from hf_dspark.generation.tree_round import TreeRoundKernel
+from hf_dspark.model.configuration_dspark import DSparkConfig
+from hf_dspark.model.modeling_outputs import DSparkProposal
+from hf_dspark.proposers.oracle import OracleDrafter
+from hf_dspark.target.ragged_cache import new_target_cache
+from tests.generation.test_families import FAMILIES, make_family
+from tests.helpers import make_drafter, ragged_prompts
+
+
+class RowContext(ContextLengths):
+    """Committed-token counts that remember which generate row each cache row is."""
+
+    def __init__(self, lengths: torch.Tensor, rows: torch.Tensor) -> None:
+        super().__init__(lengths)
+        self.rows = rows
+
+    def select_rows(self, rows: torch.Tensor) -> "RowContext":
+        rows = rows.to("cpu")
+        return RowContext(self.lengths.index_select(0, rows), self.rows.index_select(0, rows))
+
+    @staticmethod
+    def concat(caches):
+        return RowContext(torch.cat([c.lengths for c in caches]), torch.cat([c.rows for c in caches]))
+
+
+class SecondBestOracle(OracleDrafter):
+    """A tree-capable oracle: slot k's distribution ranks the reference token first at odd slots and second, behind
+    a wrong token, at even ones, so a chain of argmaxes is cut at slot 2 while a tree with two children a node
+    reaches the whole reference."""
+
+    markov_head = None
+    confidence_head = None
+
+    def init_cache(self, batch_size: int, capacity: int | None = None) -> RowContext:
+        return RowContext(torch.zeros(batch_size, dtype=torch.long), torch.arange(batch_size))
+
+    def draft_token_ids(self):
+        return None
+
+    def confidence_temperatures(self, greedy: bool, device) -> torch.Tensor:
+        return torch.ones(self.config.block_size, device=device)
+
+    def block_hidden_states(self, anchor_ids: torch.Tensor, cache: RowContext) -> torch.Tensor:
+        gamma = self.config.block_size
+        hidden = torch.zeros(anchor_ids.shape[0], gamma, dtype=torch.long)
+        for a, row in enumerate(cache.rows.tolist()):
+            ref = self.reference[row]
+            start = int(cache.lengths[a]) + 1
+            chunk = ref[start : start + gamma]
+            hidden[a, : chunk.shape[0]] = chunk
+            hidden[a, chunk.shape[0] :] = ref[-1]
+        return hidden
+
+    def propose(self, anchor_ids: torch.Tensor, cache: RowContext, **kwargs) -> DSparkProposal:
+        """The chain of argmaxes of the same distributions."""
+        drafts = self.lm_logits(self.block_hidden_states(anchor_ids, cache)).argmax(dim=-1)
+        ones = torch.ones(drafts.shape)
+        return DSparkProposal(drafts, self.one_hot(drafts, bool(kwargs.get("do_sample"))), ones, ones * 0.99)
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        vocab = self.config.vocab_size
+        logits = torch.zeros(*hidden.shape, vocab)
+        logits.scatter_(-1, hidden[..., None], 4.0)
+        wrong = (hidden + 1) % vocab
+        slots = torch.arange(hidden.shape[1])
+        even = (slots % 2 == 1)[None, :].expand_as(hidden)  # slots 2, 4, ... (1-based)
+        logits.scatter_(-1, wrong[..., None], torch.where(even, 5.0, 1.0)[..., None])
+        return logits
+
+
+def second_best_oracle(target, block_size: int, reference, mask) -> SecondBestOracle:
+    config = DSparkConfig.from_target(target.config, block_size=block_size, num_hidden_layers=1, head_type="none",
+                                      use_confidence_head=False)
+    oracle = SecondBestOracle(config)
+    oracle.set_reference(reference, mask)
+    make_drafter(target)  # enables DSpark generate on the target
+    return oracle
+
+
+def _generate_pair(target, drafter, batch, seed, budget, **kwargs):
+    ids, mask = ragged_prompts(batch, seed=seed, min_len=4, max_len=14)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=30, **kwargs)
+    reference = target.generate(ids, **kwargs)
+    if drafter == "oracle":
+        drafter = second_best_oracle(target, 4, reference, mask)
+    output = target.generate(ids, assistant_model=drafter, dspark_tree_budget=budget, **kwargs)
+    return reference, output, drafter
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_tree_greedy_matches_plain_generate_every_family(name):
+    target = make_family(name)
+    reference, output, _ = _generate_pair(target, make_drafter(target), 3, seed=3, budget=8)
+    assert torch.equal(reference, output), name
+    reference, output, oracle = _generate_pair(target, "oracle", 3, seed=4, budget=12)
+    assert torch.equal(reference, output), name
+    assert oracle.last_generation_stats.mean_accepted_length >= 3.0
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma3"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_tree_greedy_static_cache(name, batch):
+    target = make_family(name)
+    reference, output, oracle = _generate_pair(target, "oracle", batch, seed=5, budget=12,
+                                               cache_implementation="static")
+    assert torch.equal(reference, output)
+    assert oracle.last_generation_stats.mean_accepted_length >= 2.0
+
+
+def test_trees_accept_what_chains_cannot():
+    """The oracle's reference sits second at even slots: chains stop there, trees go on."""
+    target = make_family("llama")
+    _, _, tree_oracle = _generate_pair(target, "oracle", 3, seed=6, budget=12)
+    ids, mask = ragged_prompts(3, seed=6, min_len=4, max_len=14)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=30)
+    reference = target.generate(ids, **kwargs)
+    chain_oracle = second_best_oracle(target, 4, reference, mask)
+    assert torch.equal(reference, target.generate(ids, assistant_model=chain_oracle, dspark_policy="fixed",
+                                                  **kwargs))
+    chain = chain_oracle.last_generation_stats.mean_accepted_length
+    tree = tree_oracle.last_generation_stats.mean_accepted_length
+    assert chain < 2.5 < tree
+
+
+def test_trees_with_eos_and_history_free_warpers():
+    target = make_family("qwen3")
+    drafter = make_drafter(target, head_type="rnn")
+    ids, mask = ragged_prompts(3, seed=7, min_len=4, max_len=14)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=25, eos_token_id=[5, 9, 17])
+    reference = target.generate(ids, **kwargs)
+    assert torch.equal(reference, target.generate(ids, assistant_model=drafter, dspark_tree_budget=6, **kwargs))
+
+
+def test_fallback_to_chains_is_said_once(caplog):
+    """A history-reading processor (repetition penalty) cannot process branches: chains, one log line."""
+    from transformers.utils import logging as hf_logging
+
+    target = make_family("llama")
+    drafter = make_drafter(target)
+    ids, mask = ragged_prompts(2, seed=8, min_len=4, max_len=14)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=12, repetition_penalty=1.3)
+    reference = target.generate(ids, **kwargs)
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            output = target.generate(ids, assistant_model=drafter, dspark_tree_budget=6, **kwargs)
+    finally:
+        hf_logging.disable_propagation()
+    assert torch.equal(reference, output)
+    assert any("verifying chains instead of trees" in r.getMessage() for r in caplog.records)
+
+
+def test_tree_budget_is_checked():
+    target = make_family("llama")
+    ids, mask = ragged_prompts(1, seed=9)
+    with pytest.raises(ValueError, match="dspark_tree_budget"):
+        target.generate(ids, attention_mask=mask, assistant_model=make_drafter(target), dspark_tree_budget=1,
+                        max_new_tokens=4)
+
+
+def test_kernel_refuses_a_one_node_budget():
+    target = make_family("llama")
+    with pytest.raises(ValueError, match="≥ 2 nodes"):
+        TreeRoundKernel(target, make_drafter(target), None, None, False, budget=1)
+    assert new_target_cache(target) is not None
