@@ -68,9 +68,15 @@ def test_the_docs_example_policy_runs_in_generate_and_matches_plain_greedy(regis
     drafter = make_drafter(target, block_size=4, seed=3)
     ids, mask = ragged_prompts(3, seed=4)
     reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20)
-    output = target.generate(
-        ids, attention_mask=mask, do_sample=False, max_new_tokens=20, assistant_model=drafter, dspark_policy="half"
-    )
-    assert torch.equal(output, reference)
-    verify_lens = [length for lens in drafter.last_generation_stats.verify_lens for length in lens.values()]
-    assert verify_lens and max(verify_lens) <= 2  # ⌈γ/2⌉ with γ = 4: the policy really ran
+    verified = {}
+    for min_len in (0, 2):
+        output = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=20,
+                                 assistant_model=drafter, dspark_policy="half", dspark_min_len=min_len)
+        assert torch.equal(output, reference)
+        verify_lens = [length for lens in drafter.last_generation_stats.verify_lens for length in lens.values()]
+        assert verify_lens and max(verify_lens) <= 2  # ⌈γ/2⌉ with γ = 4: the policy really ran
+        verified[min_len] = verify_lens
+    assert verified[2].count(2) > verified[0].count(2)  # its own option reached it through generate
+    with pytest.raises(ValueError, match="dspark_min_len must be an integer >= 0"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=drafter, dspark_policy="half",
+                        dspark_min_len=-1)
