@@ -27,10 +27,10 @@ from .options import DSparkGenerationOptions
 from .policy import policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
-from .round import RoundKernel
 from .state import RowHistories, RowState, validate_call
 from .stats import DSparkGenerationStats, remember_stats
 from .streaming import CommitStreamer
+from .tree_round import round_kernel
 
 if TYPE_CHECKING:
     from .drafting import DraftModel
@@ -70,8 +70,8 @@ class DSparkLoop:
         observers = [self.stats, *(options.dspark_observers or [])]
         packs = linear_packs_for(model, options.dspark_packed_weights)
         self.stats.packed_weights = packs is not None
-        self.kernel = RoundKernel(model, drafter, self.policy, self.processors, self.do_sample, observers,
-                                  packs=packs)
+        self.kernel = round_kernel(options.dspark_tree_budget, model, drafter, self.policy, self.processors,
+                                   self.do_sample, observers, packs=packs)
         self.batch = None
 
     # ------------------------------------------------------------------ prefill

@@ -59,6 +59,14 @@ def _check_value(name: str, value: Any) -> None:
         raise ValueError(f"dspark_policy_memory must be a hf_dspark.scheduling.PolicyMemory, got {value!r}.")
     elif name == "dspark_observers":
         _check_observers(value)
+    elif name == "dspark_tree_budget":
+        _check_tree_budget(name, value)
+
+
+def _check_tree_budget(name: str, value: Any) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0 or value == 1:
+        raise ValueError(f"{name} must be 0 (chains) or an integer ≥ 2, the draft-tree nodes per row and round "
+                         f"(the anchor included), got {value!r}.")
 
 
 def _check_observers(value: Any) -> None:
@@ -92,6 +100,7 @@ class DSparkGenerationOptions:
         dspark_record_confidence: keep every round's confidence logits in the statistics.
         dspark_stock_loop: run transformers' own batch-1 assisted loop with the DSpark drafter.
         dspark_packed_weights: verify with oneDNN-packed weight copies (None: automatic).
+        dspark_tree_budget: draft-tree nodes per row and round (0 / None: chains).
     """
 
     dspark_policy: str | None = field(
@@ -184,6 +193,10 @@ class DSparkGenerationOptions:
             )
         },
     )
+    dspark_tree_budget: int | None = field(default=None, metadata={"help": (
+        "an integer ≥ 2, verify draft trees of this many nodes per row and round, the anchor included "
+        "(0 or unset: chains)"
+    )})
 
     def __post_init__(self) -> None:
         for item in fields(self):  # each check names the field and what it accepts
