@@ -331,3 +331,30 @@ def merge_branch(
         torch.cat([tree.valid, new_valid], dim=1),
     )
     return merged, branch_nodes
+
+
+def restrict_tree(
+    tree: DraftTree, keep: torch.Tensor, num_nodes: int | None = None
+) -> tuple[DraftTree, torch.Tensor]:
+    """valid' = valid ∧ keep, optionally compacted: the kept nodes moved to the front, in order, N' = num_nodes.
+
+    keep: `[R, N]` bool, closed under ancestors (a prefix of the best-scored nodes, `choose_tree_budget`), anchor
+    included. num_nodes: the slots to keep (≥ the largest kept count; None: no compaction, N' = N). Returns (the
+    tree, source `[R, N']`: the original node index of each slot, -1 at padding) to gather scores or logits with.
+    """
+    nodes, device = tree.num_nodes, tree.tokens.device
+    valid = tree.valid & keep
+    index = torch.arange(nodes, device=device).expand_as(valid)
+    if num_nodes is None:
+        return draft_tree(tree.tokens, tree.parents, valid), torch.where(valid, index, torch.full_like(index, -1))
+    if not 1 <= num_nodes <= nodes:
+        raise ValueError(f"restrict_tree: num_nodes must be in [1, N = {nodes}]; got {num_nodes}.")
+    ordered = torch.where(valid, index, index + nodes).sort(dim=1).values[:, :num_nodes]
+    slot_valid = ordered < nodes
+    source = torch.where(slot_valid, ordered, torch.full_like(ordered, -1))
+    new_index = torch.full((tree.num_rows, nodes + 1), -1, dtype=torch.long, device=device)  # column N: padding
+    slots = torch.arange(num_nodes, device=device).expand_as(ordered)
+    new_index = new_index.scatter(1, torch.where(slot_valid, ordered, nodes), slots)[:, :nodes]
+    old_parents = tree.parents.gather(1, source.clamp_min(0))
+    parents = torch.where(old_parents >= 0, new_index.gather(1, old_parents.clamp_min(0)), old_parents)
+    return draft_tree(tree.tokens.gather(1, source.clamp_min(0)), parents, slot_valid), source
