@@ -8,7 +8,9 @@ import torch
 from transformers import Phi3Config, Phi3ForCausalLM
 
 from hf_dspark.generation import call_checks, loop
-from hf_dspark.generation.call_checks import rope_threshold
+from hf_dspark.model import binding
+from hf_dspark.target import checks as target_checks
+from hf_dspark.target.checks import rope_threshold
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 
@@ -115,7 +117,7 @@ def test_hunyuan_alpha_ntk_rope_is_fixed_and_served_past_the_threshold():
     torch.manual_seed(4)
     target = transformers.HunYuanDenseV1ForCausalLM(config).eval()
     assert rope_threshold(target.config) == ("dynamic", 24)  # the config alone would refuse it
-    assert call_checks.runtime_rope_types(target) == {"ntk_alpha"}
+    assert target_checks.runtime_rope_types(target) == {"ntk_alpha"}
     ids, mask = ragged_prompts(2, seed=3, min_len=8, max_len=8)
     options = dict(attention_mask=mask, do_sample=False, max_new_tokens=30)  # 8 + 30 > 24
     assert torch.equal(
@@ -130,7 +132,7 @@ def test_a_dynamic_rope_with_an_alpha_the_family_ignores_is_still_refused(no_wor
         max_position_embeddings=48,
         rope_parameters={"rope_type": "dynamic", "alpha": 1000.0, "factor": 4.0, "rope_theta": 10000.0},
     )
-    assert call_checks.runtime_rope_types(target) == {"dynamic"}
+    assert target_checks.runtime_rope_types(target) == {"dynamic"}
     ids, mask = ragged_prompts(2, seed=3, min_len=8, max_len=8)
     with pytest.raises(ValueError, match=r"'dynamic' RoPE scaling.*passes 48"):
         target.generate(
@@ -207,7 +209,7 @@ def test_a_target_moved_to_bfloat16_after_binding_rebinds_the_drafter(caplog):
     target.to(torch.bfloat16)
     ids, mask = ragged_prompts(1, seed=4)
     options = dict(attention_mask=mask, do_sample=False, max_new_tokens=16)
-    with caplog.at_level(logging.WARNING, logger=call_checks.logger.name):
+    with caplog.at_level(logging.WARNING, logger=binding.logger.name):
         output = target.generate(ids, assistant_model=drafter, dspark_packed_weights=False, **options)
     assert next(drafter.parameters()).dtype == torch.bfloat16
     assert "re-binding the drafter" in caplog.text

@@ -1,13 +1,25 @@
 """Route `target.generate(assistant_model=<DSparkDrafter>)` to the DSpark loop without forking transformers.
 
-`generate` looks up `_assisted_decoding` on the target's *class*, so `enable(target)` gives that one instance a
-cached subclass (same class name, so saved configs and reprs are unchanged) whose `_assisted_decoding` runs the
-DSpark loop when the assistant is a `DSparkDrafter` and transformers' stock loop for every other assistant.
-`drafter.bind_target(target)` calls it. `disable(target)` restores the original class.
+`enable(target)` gives that one instance a cached subclass (same class name, so saved configs and reprs are
+unchanged) of three hooks `generate` looks up on the instance; `drafter.bind_target(target)` calls it and
+`disable(target)` restores the original class. `generate` itself is not overridden: in
+`target.generate(..., assistant_model=DSparkDrafter(cfg).bind_target(target))` Python looks `generate` up before
+the argument binds (and enables), so only the hooks `generate` reaches on `self` afterwards can act, and they act
+the same whether the drafter was bound before the call or inside it:
+
+- `_prepare_generation_config`: the call's `dspark_*` keywords are set on transformers' per-call copy of the
+  generation config (it would reject them as unused model kwargs), round observers travel by reference;
+- `_validate_generation_mode` (after the config is merged, before the decoding method is acted on): the call's
+  checks, `call_checks.check_call`, once, for a DSpark drafter;
+- `_prepare_model_inputs`: a prompt with no tokens is refused (for every call: transformers would fail on it with a
+  bare IndexError before the loop's own prompt check, `call_checks.check_prompt`);
+- `_assisted_decoding`: the call's options parsed once (`DSparkGenerationOptions`) and the DSpark loop run
+  (`loop.dspark_decoding`, which checks the prompt once, `call_checks.check_prompt`), or transformers' stock loop
+  for every other assistant.
 
 For users who want no patching, `dspark_generate` is a `custom_generate` callable:
 `target.generate(**inputs, custom_generate=dspark_generate, drafter=drafter)` (transformers then drops
-`assistant_model` and `streamer`; pass `dspark_streamer=` instead).
+`assistant_model` and `streamer`; pass `dspark_streamer=` instead); it runs the same checks once.
 
 `generation_config.dspark_stock_loop=True` instead runs transformers' own batch-1 `_assisted_decoding` with a
 `DSparkCandidateGenerator` as its candidate generator (fixed ℓ = γ; no scheduler), for comparison.
@@ -16,81 +28,16 @@ For users who want no patching, `dspark_generate` is a `custom_generate` callabl
 from __future__ import annotations
 
 import copy
-from types import SimpleNamespace
+import functools
 
 import torch
 
-from ..model.binding import validate_target_shape
-from ..target.checks import check_target
 from ..target.output_cache import continuation_mask
-from ..target.ragged_cache import attention_layout
-from .call_checks import (
-    OTHER_DRAFTING,
-    check_assistant_knobs,
-    check_cache_implementation,
-    check_other_drafting,
-    check_prompt_inputs,
-    explicit_assistant_knobs,
-)
+from .call_checks import check_call, check_prompt_ids
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
-from .options import (
-    DSparkGenerationOptions,
-    check_decoding_settings,
-    check_left_padded,
-    check_prompt_ids,
-    generation_config_options,
-    validate_dspark_options,
-)
-
-_SUBCLASSES: dict[type, type] = {}
-
-
-def _requested_beams(model, kwargs) -> int:
-    if kwargs.get("num_beams") is not None:
-        return int(kwargs["num_beams"])
-    config = kwargs.get("generation_config") or model.generation_config
-    return int(getattr(config, "num_beams", 1) or 1)
-
-
-def _requested(model, args, kwargs, name: str):
-    """The value `generate` will use for generation setting `name`: the keyword argument, else the passed
-    `generation_config`'s, else the model's (None when unset everywhere)."""
-    if kwargs.get(name) is not None:
-        return kwargs[name]
-    config = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
-    value = getattr(config, name, None) if config is not None else None
-    return value if value is not None else getattr(model.generation_config, name, None)
-
-
-def _check_call_inputs(model, drafter, args, kwargs) -> None:
-    """Up-front checks of a DSpark `generate` call's prompt and decoding settings, before transformers prepares
-    anything: an empty prompt, an `eos_token_id` that is not token ids, out-of-range sampling settings, settings
-    the DSpark drafter would ignore."""
-    check_prompt_inputs(kwargs)  # soft prompts: before transformers prepares anything
-    check_prompt_ids(args[0] if args else kwargs.get("inputs", kwargs.get("input_ids")))
-    check_cache_implementation(_requested(model, args, kwargs, "cache_implementation"))  # before it is built
-    check_other_drafting({name: _requested(model, args, kwargs, name) for name in OTHER_DRAFTING})
-    passed = kwargs.get("generation_config", args[1] if len(args) > 1 else None)
-    knobs = explicit_assistant_knobs(kwargs, passed, model.generation_config)
-    check_assistant_knobs(knobs, drafter.config.block_size)
-    settings = {
-        name: _requested(model, args, kwargs, name)
-        for name in ("eos_token_id", "do_sample", "temperature", "top_k", "top_p")
-    }
-    check_decoding_settings(SimpleNamespace(**settings))
-
-
-def _options(generation_config) -> DSparkGenerationOptions:
-    """The typed `dspark_*` options of `generation_config` (checked; unset ones None)."""
-    return DSparkGenerationOptions.from_generation_config(generation_config)
-
-
-def _holds_observers(generation_config) -> bool:
-    """Whether `dspark_observers` is set on `generation_config` (whatever its value: where they would be copies,
-    any value is refused before it is checked)."""
-    return generation_config_options(generation_config).get("dspark_observers") is not None
+from .options import OBSERVERS, DSparkGenerationOptions, configured_option
 
 
 def _without_observers(model, generation_config):
@@ -101,16 +48,16 @@ def _without_observers(model, generation_config):
     caller's own objects are put back on transformers' copy. Observers on the model's `generation_config` are
     refused: transformers merges that config into every call's by copying it.
     """
-    if _holds_observers(model.generation_config):
+    if configured_option(model.generation_config, OBSERVERS) is not None:
         raise ValueError(
             "dspark_observers on the model's generation_config would reach the loop as deep copies; "
             "pass them per call: generate(..., dspark_observers=[...])."
         )
-    observers = _options(generation_config).dspark_observers
+    observers = configured_option(generation_config, OBSERVERS) if generation_config is not None else None
     if observers is None:
         return generation_config, None
     shallow = copy.copy(generation_config)
-    vars(shallow).pop("dspark_observers", None)
+    vars(shallow).pop(OBSERVERS, None)
     return shallow, observers
 
 
@@ -154,10 +101,10 @@ def _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_
     return output
 
 
-def _run_dspark(
-    model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, drafter, model_kwargs
-):
-    """`dspark_decoding`, then the caller's cache object filled as plain `generate` fills it."""
+def _run_dspark(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, drafter,
+                model_kwargs, options: DSparkGenerationOptions):
+    """`dspark_decoding` with the call's parsed `options`, then the caller's cache object filled as plain
+    `generate` fills it."""
     (cache, prefix), prompt_mask = _callers_cache(model_kwargs), model_kwargs.get("attention_mask")
     output = dspark_decoding(
         model,
@@ -167,41 +114,52 @@ def _run_dspark(
         generation_config,
         streamer=streamer,
         assistant_model=drafter,
+        options=options,
         **model_kwargs,
     )
     return _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_mask)
 
 
+@functools.cache
 def _dspark_subclass(cls: type) -> type:
-    if cls in _SUBCLASSES:
-        return _SUBCLASSES[cls]
+    """The DSpark-enabled subclass of the model class `cls`, built once per class (one class object per `cls`, so
+    instances enabled apart share it and `type(a) is type(b)` holds as before `enable`)."""
 
-    def _assisted_decoding(
-        self,
-        input_ids,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        synced_gpus=False,
-        streamer=None,
-        inputs_tensor=None,
-        assistant_model=None,
-        assistant_tokenizer=None,
-        tokenizer=None,
-        **model_kwargs,
-    ):
-        if is_draft_model(assistant_model) and not _options(generation_config).dspark_stock_loop:
-            check_left_padded(model_kwargs.get("attention_mask"))
-            return _run_dspark(
-                self,
-                input_ids,
-                logits_processor,
-                stopping_criteria,
-                generation_config,
-                streamer,
-                assistant_model,
-                model_kwargs,
-            )
+    def _prepare_generation_config(self, generation_config, **kwargs):
+        # `generate(..., dspark_policy="lagged")`: transformers only copies kwargs naming known GenerationConfig
+        # fields and would reject the rest as unused model kwargs, so `dspark_*` options are set on the copy here;
+        # they are parsed (and checked) once, where DSpark takes the call over (`_assisted_decoding`).
+        options = {key: kwargs.pop(key) for key in [k for k in kwargs if k.startswith("dspark_")]}
+        generation_config, observers = _without_observers(self, generation_config)
+        if observers is not None:
+            options.setdefault(OBSERVERS, observers)  # a generate() argument wins over the config's
+        config, model_kwargs = cls._prepare_generation_config(self, generation_config, **kwargs)
+        for key, value in options.items():
+            setattr(config, key, value)
+        return config, model_kwargs
+
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+        assistant = generation_mode_kwargs.get("assistant_model")
+        if is_draft_model(assistant):  # before transformers acts on the mode (beam search would drop the assistant)
+            check_call(self, assistant, generation_config)
+        return cls._validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs)
+
+    def _prepare_model_inputs(self, inputs=None, bos_token_id=None, model_kwargs=None):
+        # a prompt with no tokens: transformers' generate would fail on it a few lines on, plain decoding included,
+        # with a bare IndexError (before any DSpark hook sees the prompt), so it is refused here for every call
+        inputs_tensor, input_name, model_kwargs = cls._prepare_model_inputs(self, inputs, bos_token_id, model_kwargs)
+        if input_name == "input_ids":
+            check_prompt_ids(inputs_tensor)
+        return inputs_tensor, input_name, model_kwargs
+
+    def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                           synced_gpus=False, streamer=None, inputs_tensor=None, assistant_model=None,
+                           assistant_tokenizer=None, tokenizer=None, **model_kwargs):
+        options = DSparkGenerationOptions.from_generation_config(generation_config) if is_draft_model(
+            assistant_model) else None  # parsed once per call
+        if options is not None and not options.dspark_stock_loop:
+            return _run_dspark(self, input_ids, logits_processor, stopping_criteria, generation_config, streamer,
+                               assistant_model, model_kwargs, options)
         return cls._assisted_decoding(
             self,
             input_ids,
@@ -244,46 +202,21 @@ def _dspark_subclass(cls: type) -> type:
             **kwargs,
         )
 
-    def generate(self, *args, assistant_model=None, **kwargs):
-        if is_draft_model(assistant_model):
-            if _requested_beams(self, kwargs) > 1:  # transformers would silently drop the assistant
-                raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
-            _check_call_inputs(self, assistant_model, args, kwargs)
-            check_target(self)  # quantized, offloaded or dropout-active targets
-            validate_target_shape(assistant_model.config, self)  # before transformers' tokenizer-pair check
-            attention_layout(self)  # refuses attention layers ragged verification cannot mask, with the reason
-        return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)
-
-    def _prepare_generation_config(self, generation_config, **kwargs):
-        # `generate(..., dspark_policy="lagged")`: transformers only copies kwargs naming known GenerationConfig
-        # fields and would reject the rest as unused model kwargs, so `dspark_*` options are set on the copy here.
-        options = {key: kwargs.pop(key) for key in [k for k in kwargs if k.startswith("dspark_")]}
-        validate_dspark_options(options)
-        generation_config, observers = _without_observers(self, generation_config)
-        if observers is not None:
-            options.setdefault("dspark_observers", observers)  # a generate() argument wins over the config's
-        config, model_kwargs = cls._prepare_generation_config(self, generation_config, **kwargs)
-        for key, value in options.items():
-            setattr(config, key, value)
-        validate_dspark_options(generation_config_options(config))  # also options set on a GenerationConfig
-        return config, model_kwargs
-
-    sub = type(
+    return type(
         cls.__name__,
         (cls,),
         {
-            "_assisted_decoding": _assisted_decoding,
-            "generate": generate,
-            "_dspark_base_class": cls,
             "_prepare_generation_config": _prepare_generation_config,
+            "_validate_generation_mode": _validate_generation_mode,
+            "_prepare_model_inputs": _prepare_model_inputs,
+            "_assisted_decoding": _assisted_decoding,
             "_get_candidate_generator": _get_candidate_generator,
+            "_dspark_base_class": cls,
             "__module__": cls.__module__,
             "__qualname__": cls.__qualname__,
             "__doc__": cls.__doc__,
         },
     )
-    _SUBCLASSES[cls] = sub
-    return sub
 
 
 def enable(target) -> None:
@@ -319,36 +252,22 @@ def dspark_generate(
 ):
     """`custom_generate` entry point: `model.generate(**inputs, custom_generate=dspark_generate, drafter=d)`.
 
-    Round observers travel as an argument (`dspark_observers=[...]`): transformers has deep-copied the generation
-    config by now, so observers set on it would be copies, and are refused.
+    Runs the call's checks once (`call_checks.check_call`; transformers merged the keyword arguments into
+    `generation_config` by now) and parses its options once. Round observers travel as an argument
+    (`dspark_observers=[...]`): transformers has deep-copied the generation config by now, so observers set on it
+    would be copies, and are refused.
     """
     if drafter is None:
         raise ValueError(
             "dspark_generate needs the drafter: generate(..., custom_generate=dspark_generate, drafter=drafter)"
         )
-    if _holds_observers(generation_config):
+    if configured_option(generation_config, OBSERVERS) is not None:
         raise ValueError(
             "with custom_generate=dspark_generate, transformers deep-copies the generation config, so "
             "its dspark_observers would be copies: pass generate(..., dspark_observers=[...]) instead."
         )
-    if dspark_observers is not None:
-        validate_dspark_options({"dspark_observers": dspark_observers})
-        generation_config.dspark_observers = list(dspark_observers)  # transformers' per-call copy
-    validate_dspark_options(generation_config_options(generation_config))
-    check_prompt_inputs(model_kwargs)
-    check_prompt_ids(input_ids)
-    check_other_drafting({name: getattr(generation_config, name, None) for name in OTHER_DRAFTING})
-    knobs = explicit_assistant_knobs({}, generation_config, model.generation_config)  # kwargs are merged in by now
-    check_assistant_knobs(knobs, drafter.config.block_size)
-    check_decoding_settings(generation_config)
-    check_left_padded(model_kwargs.get("attention_mask"))
-    return _run_dspark(
-        model,
-        input_ids,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        dspark_streamer,
-        drafter,
-        model_kwargs,
-    )
+    check_call(model, drafter, generation_config)
+    observers = {} if dspark_observers is None else {OBSERVERS: dspark_observers}
+    options = DSparkGenerationOptions.from_generation_config(generation_config, **observers)
+    return _run_dspark(model, input_ids, logits_processor, stopping_criteria, generation_config, dspark_streamer,
+                       drafter, model_kwargs, options)

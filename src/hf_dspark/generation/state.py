@@ -1,4 +1,4 @@
-"""Per-row token histories, stopping, and the checks run before a DSpark generate call."""
+"""Per-row token histories and stopping of a DSpark generate call."""
 
 from __future__ import annotations
 
@@ -8,60 +8,9 @@ from collections.abc import Sequence
 import torch
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from ..model.binding import validate_target_shape
-from ..target.checks import check_target
 from ..transfer import upload
-from .call_checks import check_call
-from .drafting import is_draft_model
 
 HISTORY_GROWTH = 64  # token slots per row reserved past the prompt (the buffer doubles when full)
-
-
-def validate_call(model, drafter, generation_config) -> None:
-    """Raise a clear error for every setting the DSpark loop does not support."""
-    if not is_draft_model(drafter):
-        raise TypeError(
-            f"the DSpark loop needs a DSpark drafter as assistant (a DSparkDrafter, or an object with config."
-            f"block_size, init_cache, extend_context and propose), got {type(drafter).__name__}"
-        )
-    if getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError("DSpark speculative decoding supports decoder-only targets, not encoder-decoder models.")
-    if (generation_config.num_beams or 1) > 1:
-        raise ValueError("DSpark does not support beam search: set num_beams=1 (greedy or sampling).")
-    if (generation_config.num_return_sequences or 1) > 1:
-        raise ValueError(
-            "DSpark generates one sequence per prompt: set num_return_sequences=1 and repeat the prompt in the "
-            "batch instead (batches of any size are supported)."
-        )
-    if generation_config.output_attentions or generation_config.output_hidden_states:
-        raise ValueError(
-            "output_attentions / output_hidden_states are not available with DSpark (the target runs on "
-            "ragged verification blocks); use output_scores or output_logits."
-        )
-    bind_drafter(model, drafter)
-    check_call(model, drafter, generation_config)  # soft prompts, DoLa, length-dependent RoPE, a moved target
-
-
-def bind_drafter(model, drafter) -> None:
-    """Check that `drafter` fits `model` and bind it when unbound (shared by `generate` and `DSparkEngine`).
-
-    A drafter bound to another model instance is refused, never rebound: binding moves it to the new model's
-    embedding, LM head, device and dtype, so the other model's `generate` calls would be refused and an engine
-    already serving it would draft with the wrong model's weights (or fail on a device/dtype mismatch).
-    """
-    check_target(model)  # quantized, offloaded or dropout-active targets, before any work
-    if not hasattr(drafter, "bind_target"):  # a model-free drafter (oracle, prompt lookup): nothing to bind
-        validate_target_shape(drafter.config, model)
-        return
-    if drafter.is_bound and not drafter.bound_to(model):
-        raise ValueError(
-            "This drafter is bound to a different target model instance; using it here would take it from that "
-            "model (an engine serving it would then draft with this model's weights). Bind it to the model you "
-            "generate with: drafter.bind_target(model), or load a second drafter for this model."
-        )
-    validate_target_shape(drafter.config, model)
-    if not drafter.is_bound:
-        drafter.bind_target(model)
 
 
 def host_stopping_rules(stopping_criteria) -> tuple[int | None, frozenset[int]] | None:

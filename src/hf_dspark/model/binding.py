@@ -1,12 +1,16 @@
-"""Checks that a drafter and a target fit together (vocabulary, hidden size, decoder-only)."""
+"""A drafter and its target: do they fit (vocabulary, hidden size, depth, decoder-only), binding one to the other
+for a call, and the error transformers' own assisted loop meets when it is handed a DSpark drafter."""
 
 from __future__ import annotations
 
 import numbers
 
 from torch import nn
+from transformers.utils import logging
 
 from .configuration_dspark import DSparkConfig
+
+logger = logging.get_logger(__name__)
 
 
 def check_target_model(target: object) -> None:
@@ -65,15 +69,59 @@ def validate_target_shape(config: DSparkConfig, target: nn.Module) -> None:
         )
 
 
-def unbound_assistant_error(drafter) -> AttributeError:
-    """The error for `target.generate(assistant_model=drafter)` on a target DSpark is not enabled on.
+def bind_drafter(model, drafter) -> None:
+    """Check that `drafter` fits `model` and bind it when unbound.
 
-    transformers' stock assisted loop then reads `assistant_model.generation_config`, which a drafter lacks.
+    A drafter bound to another model instance is refused, never rebound: binding moves it to the new model's
+    embedding, LM head, device and dtype, so the other model's `generate` calls would be refused and an engine
+    already serving it would draft with the wrong model's weights (or fail on a device/dtype mismatch).
     """
+    if not hasattr(drafter, "bind_target"):  # a model-free drafter (oracle, prompt lookup): nothing to bind
+        validate_target_shape(drafter.config, model)
+        return
+    if drafter.is_bound and not drafter.bound_to(model):
+        raise ValueError(
+            "This drafter is bound to a different target model instance; using it here would take it from that "
+            "model (an engine serving it would then draft with this model's weights). Bind it to the model you "
+            "generate with: drafter.bind_target(model), or load a second drafter for this model."
+        )
+    validate_target_shape(drafter.config, model)
+    if not drafter.is_bound:
+        drafter.bind_target(model)
+
+
+def follow_target_moves(model, drafter) -> None:
+    """Re-bind a `DSparkDrafter` bound to `model` when the target moved to another dtype or device since binding
+    (`model.to(torch.bfloat16)`): binding made the drafter follow the target, so it follows it again."""
+    if not hasattr(drafter, "bind_target") or not drafter.bound_to(model):
+        return
+    weight = model.get_input_embeddings().weight
+    own = next(drafter.parameters(), None)
+    if own is None or (own.dtype == weight.dtype and own.device == weight.device):
+        return
+    logger.warning(
+        f"The target moved to {weight.dtype} on {weight.device} after the drafter was bound "
+        f"({own.dtype} on {own.device}); re-binding the drafter so it follows the target."
+    )
+    drafter.bind_target(model)
+
+
+# What transformers' own assisted loop reads of its assistant first (`AssistedCandidateGenerator`): a DSpark drafter
+# answers them with `stock_loop_error` where it cannot serve them.
+STOCK_LOOP_READS = ("device", "generation_config", "generate")
+
+
+def stock_loop_error(drafter) -> AttributeError:
+    """The error for a DSpark drafter (or a drafter wrapping one: `drafter`) that transformers' own assisted loop
+    is about to use, which happens only on a target DSpark is not enabled on: an unbound drafter (never bound, so
+    never enabled on any target) is asked for its `generation_config` (a hybrid drafter for its `device`), a bound
+    one for `generate`."""
     if getattr(drafter, "is_bound", False):
         cause = (
-            "the drafter is bound to another target model instance, so this target runs transformers' own "
-            "assisted loop. Bind it to the model you generate with: drafter.bind_target(target)"
+            "the model generating is not DSpark-enabled, so it ran transformers' own assisted loop. The drafter is "
+            "bound to a target model instance: if this is another model, bind the drafter to it "
+            "(drafter.bind_target(model)) or load a second drafter for it; if hf_dspark.disable(model) was called "
+            "on its own target, call hf_dspark.enable(model) (or drafter.bind_target(model)) again"
         )
     else:
         cause = (
@@ -82,6 +130,6 @@ def unbound_assistant_error(drafter) -> AttributeError:
             "DSparkDrafter.from_pretrained(path, target=target)"
         )
     return AttributeError(
-        f"A DSparkDrafter has no generation_config of its own: {cause}; then call "
+        f"A DSpark drafter cannot run as a transformers assistant: {cause}; then call "
         "target.generate(..., assistant_model=drafter)."
     )

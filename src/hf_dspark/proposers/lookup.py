@@ -26,7 +26,7 @@ import torch
 
 from ..generation.dispatch import enable
 from ..generation.drafting import ModelFreeDrafter
-from ..model.configuration_dspark import DSparkConfig
+from ..model.configuration_dspark import EMBEDDING_TAP, DSparkConfig
 from ..model.modeling_outputs import DSparkProposal
 from ..transfer import HOST, download, upload
 from .ngram import NgramIndex
@@ -182,8 +182,11 @@ class SuffixProposer(_LookupBase):
 
 
 def _model_free_config(target, block_size: int) -> DSparkConfig:
+    """A config for a model-free drafter of `target`: it taps no layer (`reads_features` is False), so it names the
+    embedding output, which every target has, and fits targets of any depth."""
     return DSparkConfig.from_target(
-        target.config, block_size=block_size, num_hidden_layers=1, head_type="none", use_confidence_head=False
+        target.config, block_size=block_size, num_hidden_layers=1, head_type="none", use_confidence_head=False,
+        target_layer_ids=[EMBEDDING_TAP],
     )
 
 

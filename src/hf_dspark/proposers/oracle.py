@@ -13,7 +13,7 @@ import torch
 
 from ..generation.dispatch import enable
 from ..generation.drafting import ContextLengths, ModelFreeDrafter
-from ..model.configuration_dspark import DSparkConfig
+from ..model.configuration_dspark import EMBEDDING_TAP, DSparkConfig
 from ..model.modeling_outputs import DSparkProposal
 
 
@@ -54,7 +54,7 @@ class OracleDrafter(ModelFreeDrafter):
 def oracle_for(target, block_size: int, sequences: torch.Tensor, prompt_mask: torch.Tensor) -> OracleDrafter:
     """An oracle for `target` (DSpark generate enabled on it) with `sequences` as references."""
     config = DSparkConfig.from_target(target.config, block_size=block_size, num_hidden_layers=1, head_type="none",
-                                      use_confidence_head=False)
+                                      use_confidence_head=False, target_layer_ids=[EMBEDDING_TAP])  # taps nothing
     oracle = OracleDrafter(config)
     enable(target)
     oracle.set_reference(sequences, prompt_mask)

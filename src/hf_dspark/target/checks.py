@@ -15,6 +15,9 @@ and the fix:
   promise plain `generate`'s output (`quantization_found`);
 - an input embedding or LM head whose weight is not held on a device (`meta`, as accelerate's `cpu_offload` /
   `disk_offload` leave them): the drafter reads those weights directly, outside the offloading hooks;
+- attention kernels that take no per-row 4D mask (flash attention, flex attention: `check_attention_implementation`);
+- a length-dependent RoPE scaling ("dynamic", "longrope") whose threshold a call's forwards can cross
+  (`rope_reach_refusal`: the caller says how far its forwards reach);
 - a target left in training mode with dropout active: its forwards are random, so neither plain `generate`
   nor DSpark's verification is reproducible, and they draw different masks;
 - a `prepare_inputs_for_generation` replaced on the instance (PEFT prompt learning: prompt / prefix / P-tuning
@@ -29,10 +32,13 @@ and a `torch.compile`d forward (run without packed weights, `packed_linear.unpac
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import partial
 
 import torch
 
+# RoPE types whose frequencies are recomputed from the largest position id of each forward.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 # Keywords PEFT binds into forward pre-hooks, one entry per batch row, for the length of a `generate` call.
 PER_ROW_HOOK_KEYWORDS = ("adapter_names", "alora_offsets")
 DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout")
@@ -228,3 +234,77 @@ def check_target(model: torch.nn.Module) -> None:
             f"The target is in training mode with dropout active ({dropout}): its forwards are random, so DSpark's "
             "verification cannot reproduce plain generate. Call target.eval() before generating."
         )
+
+
+def check_attention_implementation(model) -> None:
+    """Refuse flash-attention kernels (varlen arguments are not passed) and flex attention (no BlockMask is built):
+    DSpark's forwards (generate's and `DSparkEngine`'s) pass per-row 4D masks."""
+    attention = getattr(model.config, "_attn_implementation", None) or ""
+    if "flash" in attention:
+        raise ValueError(
+            f"attn_implementation={attention!r} is not supported with the DSpark assistant: its verification batches "
+            "carry per-row masks (left padding, ragged lengths) that a padding-free flash kernel would unpad in every "
+            "layer with host syncs, and DSpark passes no varlen arguments. Load the target with "
+            "attn_implementation='sdpa' (or 'eager')."
+        )
+    if "flex" in attention:
+        raise ValueError(
+            f"attn_implementation={attention!r} is not supported with the DSpark assistant: its verification forwards "
+            "pass 4D boolean masks, not the BlockMask flex attention needs. Load the target with "
+            "attn_implementation='sdpa' (or 'eager')."
+        )
+
+
+def _rope_settings(config) -> list[dict]:
+    """The RoPE parameter dicts of a text config (one per layer type where the config has several)."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not isinstance(params, Mapping):
+        return []
+    if "rope_type" in params or "type" in params:
+        return [dict(params)]
+    return [dict(value) for value in params.values() if isinstance(value, Mapping)]
+
+
+def rope_threshold(config) -> tuple[str, int] | None:
+    """(rope type, the sequence length past which its frequencies change) for a length-dependent RoPE scaling,
+    or None when the target's RoPE does not depend on the forward's length."""
+    for params in _rope_settings(config):
+        rope_type = params.get("rope_type", params.get("type"))
+        if rope_type not in LENGTH_DEPENDENT_ROPE:
+            continue
+        threshold = config.max_position_embeddings
+        if rope_type == "longrope":
+            threshold = (
+                params.get("original_max_position_embeddings")
+                or getattr(config, "original_max_position_embeddings", None)
+                or threshold
+            )
+        return rope_type, int(threshold)
+    return None
+
+
+def runtime_rope_types(model) -> set[str]:
+    """The `rope_type` each rotary-embedding module of `model` runs, which a family may derive differently from its
+    config: HunYuan runs a "dynamic" scaling with a fixed `alpha` as the length-independent "ntk_alpha"."""
+    return {
+        module.rope_type
+        for module in model.modules()
+        if type(module).__name__.endswith("RotaryEmbedding") and isinstance(getattr(module, "rope_type", None), str)
+    }
+
+
+def rope_reach_refusal(model, reach: int, why: str, fix: str) -> str | None:
+    """Why forwards reaching `reach` positions cannot match plain decoding on `model` (a length-dependent RoPE
+    whose threshold `reach` passes), or None. `why` says how the call reaches that far; `fix` what to do."""
+    found = rope_threshold(model.config.get_text_config(decoder=True))
+    if found is None or reach <= found[1]:
+        return None
+    running = runtime_rope_types(model)
+    if running and running.isdisjoint(LENGTH_DEPENDENT_ROPE):
+        return None
+    rope_type, threshold = found
+    return (
+        f"The target uses {rope_type!r} RoPE scaling, whose frequencies change once a forward's longest position "
+        f"passes {threshold}. {why} can reach {reach} positions, and DSpark's forwards would cross the threshold "
+        f"at other steps than plain decoding, changing the output. {fix}"
+    )
