@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from ..generation.stats import last_generation_stats
+from ..model.binding import STOCK_LOOP_READS, stock_loop_error
 from ..model.modeling_outputs import DSparkProposal
 from ..transfer import upload
 from .lookup import (
@@ -208,6 +209,13 @@ class HybridDrafter:
     @property
     def is_bound(self) -> bool:
         return self.drafter.is_bound
+
+    def __getattr__(self, name: str) -> Any:
+        # only for attributes a hybrid lacks: transformers' own assisted loop reads its assistant's `device` (then
+        # `generation_config`, `generate`), which happens only on a target DSpark is not enabled on
+        if name in STOCK_LOOP_READS and "drafter" in vars(self):
+            raise stock_loop_error(self.drafter)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def last_generation_stats(self):
