@@ -137,12 +137,12 @@ class HeadSpec:
         return {f"{HEAD_MODULE}.{name}": shape(*sizes) for name, shape in self.parameters.items()}
 
 
-_MARKOV_PARAMETERS: dict[str, ShapeFn] = {
+MARKOV_PARAMETERS: dict[str, ShapeFn] = {
     "markov_w1.weight": lambda v, vd, r, d: (v, r),
     "markov_w2.weight": lambda v, vd, r, d: (vd, r),
 }
-_RNN_PARAMETERS: dict[str, ShapeFn] = {
-    **_MARKOV_PARAMETERS,
+RNN_PARAMETERS: dict[str, ShapeFn] = {
+    **MARKOV_PARAMETERS,
     "joint_proj.weight": lambda v, vd, r, d: (3 * r, 2 * r + d),
     "joint_proj.bias": lambda v, vd, r, d: (3 * r,),
 }
@@ -202,7 +202,7 @@ def build_sequential_head(config: PretrainedConfig) -> nn.Module | None:
 
 
 register_head(HeadSpec("markov", MarkovHead, "vanilla Markov", "Markov head (rank {rank})", True,
-                       _MARKOV_PARAMETERS, "vanilla"))
-register_head(HeadSpec("rnn", RNNHead, "RNN", "RNN head (rank {rank})", True, _RNN_PARAMETERS, "rnn"))
+                       MARKOV_PARAMETERS, "vanilla"))
+register_head(HeadSpec("rnn", RNNHead, "RNN", "RNN head (rank {rank})", True, RNN_PARAMETERS, "rnn"))
 register_head(HeadSpec("none", None, "no sequential head", "no sequential head (DFlash-style parallel drafter)",
                        False, {}, None))
