@@ -7,16 +7,18 @@ import random
 
 from ..eval.speed import DEFAULT_SPEED_METHODS, SPEED_METHOD_CHOICES
 from .loaders import (
+    DRAFTER_SPEC_HELP,
     add_runtime_arguments,
     load_baseline,
     load_drafter,
+    load_drafter_spec,
     load_target,
     positive_float,
     positive_int,
     probability,
 )
 from .prompt_sets import add_sets_arguments, resolve_sets
-from .validation import check_drafter_path, check_output_parent
+from .validation import check_drafter_path, check_drafter_spec, check_output_parent
 
 SPEED_SETS = ["gsm8k", "mt-bench"]
 SERVE_SETS = ["gsm8k", "humaneval", "mt-bench"]
@@ -126,11 +128,11 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
 
     from ..eval.prompts import chat_input_ids
     from ..eval.serve import ServeConfig, run_serve_benchmark
-    from ..proposers.oracle import oracle_for
+    from ..proposers import build_proposer, get_proposer
 
     args.out = args.out or default_out("serve", args.device)
     args.sets = resolve_sets(args)
-    check_drafter_path(args.parser, "--drafter", args.drafter)
+    check_drafter_spec(args.parser, "--drafter", args.drafter)
     check_output_parent(args.parser, "--out", args.out)
     if args.hybrid and args.oracle:
         args.parser.error(
@@ -168,15 +170,15 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
             )[0]
             for p in prompts
         ]
-        drafter = oracle_for(target, args.block_size, references[0][None], torch.ones(1, 1))
+        drafter = build_proposer(target, f"oracle:{args.block_size}", load_drafter_spec)
         drafter.reference = [references[i % len(references)] for i in range(total)]
         label = f"oracle drafter (γ={args.block_size})"
+    elif args.drafter is not None:
+        drafter, label = load_drafter_spec(target, args.drafter), f"drafter {args.drafter}"
     else:
-        drafter, label = load_drafter(target, args.drafter, args.block_size)
+        drafter, label = load_drafter(target, None, args.block_size)
     if args.hybrid:
-        from ..proposers import hybrid_for
-
-        drafter, label = hybrid_for(drafter, "prompt-lookup"), f"the hybrid of {label} and prompt lookup"
+        drafter, label = get_proposer("hybrid").factory(drafter), f"the hybrid of {label} and prompt lookup"
     print(f"serving with {label}")
     report = run_serve_benchmark(config, target, prompts, drafter, drafter_label=label)  # curves looked up there
     print(f"{'policy':10s} {'C':>3s} {'agg tok/s':>10s} {'user tok/s':>10s} {'mean ℓ':>7s}")
@@ -328,9 +330,13 @@ def _add_serve_command(bench) -> None:
         default=None,
         help="Poisson arrivals per second instead of closed-loop clients",
     )
-    serve.add_argument("--threshold", type=probability, default=0.5, help="survival threshold of the threshold policy")
+    serve.add_argument(
+        "--threshold", type=probability, default=None, help="threshold of the threshold policy (default: its own)"
+    )
     serve.add_argument("--block-size", type=positive_int, default=7, help="γ of the oracle drafter")
-    serve.add_argument("--drafter", default=None, help="DSpark drafter folder (default: the shipped one)")
+    serve.add_argument(
+        "--drafter", default=None, help=f"the drafter: {DRAFTER_SPEC_HELP} (default: the shipped DSpark drafter)"
+    )
     serve.add_argument("--oracle", action="store_true", help="serve with the oracle drafter (ceiling)")
     serve.add_argument(
         "--hybrid",

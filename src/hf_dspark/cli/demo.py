@@ -117,6 +117,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _demo_prompt(args, target, tokenizer, drafter, prompt: str) -> None:
     """One prompt: warm-up, a timed drafted run (answer, tokens/s, τ, where the drafts came from), then the pairs."""
     from ..eval.prompts import chat_input_ids
+    from ..scheduling import get_policy
 
     input_ids = chat_input_ids(tokenizer, [prompt]).to(target.device)
     sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if args.sample else dict(do_sample=False)
@@ -141,7 +142,7 @@ def _demo_prompt(args, target, tokenizer, drafter, prompt: str) -> None:
         f"{drafter.config.block_size}, {stats.draft_tokens_accepted}/{stats.draft_tokens_verified} drafts accepted, "
         f"policy {args.policy!r}); {rounds_by_source(stats, sources)}"
     )
-    if args.policy == "auto":
+    if get_policy(args.policy).plans_rows:  # it may decode plainly: say why
         print(_auto_explained(target, drafter, stats, greedy=not args.sample, sources=sources))
     if args.compare:
         _compare(args, target, drafter, input_ids, kwargs, output, seconds)

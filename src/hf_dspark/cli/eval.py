@@ -6,7 +6,15 @@ import argparse
 import time
 
 from .bench import RESULTS_HELP, default_out
-from .loaders import DEVICE_HELP, DTYPE_CHOICES, device_name, load_drafter_spec, load_target, positive_int
+from .loaders import (
+    DEVICE_HELP,
+    DRAFTER_SPEC_HELP,
+    DTYPE_CHOICES,
+    device_name,
+    load_drafter_spec,
+    load_target,
+    positive_int,
+)
 from .prompt_sets import add_sets_arguments, resolve_sets
 from .validation import check_drafter_spec
 
@@ -15,7 +23,7 @@ PAPER_SETS = ["gsm8k", "math500", "humaneval", "mbpp", "mt-bench"]
 
 
 def parse_drafter_spec(spec: str) -> tuple[str, str]:
-    """`NAME=PATH` -> (name, path). PATH `untrained[:γ]` builds an untrained DSpark drafter (smoke tests)."""
+    """`NAME=SPEC` -> (name, spec); SPEC as `loaders.load_drafter_spec` takes it (`DRAFTER_SPEC_HELP`)."""
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise argparse.ArgumentTypeError(f"--drafters takes NAME=PATH, got {spec!r}")
@@ -37,6 +45,18 @@ def check_drafter_names(args: argparse.Namespace) -> None:
         )
 
 
+def check_no_reference_needed(parser: argparse.ArgumentParser, option: str, spec: str) -> None:
+    """Refuse a proposer that drafts from reference continuations (the oracle): `eval` has none to give it."""
+    from ..proposers import split_proposer_spec
+
+    found = split_proposer_spec(spec)
+    if found is not None and found[0].needs_reference:
+        parser.error(
+            f"{option}{spec}: the {found[0].name!r} proposer drafts from reference continuations, which eval does "
+            "not compute; measure it with `hf-dspark bench speed` or `bench serve --oracle`"
+        )
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import torch
 
@@ -48,6 +68,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     args.sets = resolve_sets(args)
     for name, path in args.drafters:
         check_drafter_spec(args.parser, f"--drafters {name}=", path)
+        check_no_reference_needed(args.parser, f"--drafters {name}=", path)
     config = EvalConfig(
         sets=args.sets,
         temperature=args.temperature,
@@ -82,15 +103,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def add_eval_command(sub) -> None:
     """Register `eval` on the top-level subparsers."""
+    from ..proposers import proposers_help
+
     ev = sub.add_parser("eval", help="offline accepted length τ per set and drafter, with its figures")
     ev.add_argument(
         "--drafters",
         nargs="*",
         type=parse_drafter_spec,
         default=[],
-        metavar="NAME=PATH",
-        help="drafters side by side (PATH `untrained[:γ]` = a random DSpark drafter, for smoke runs; "
-        "`prompt-lookup[:γ]`, `suffix[:γ]`, `hybrid:PATH`, `hybrid-suffix:PATH`: no model / hybrid)",
+        metavar="NAME=SPEC",
+        help=f"drafters side by side; SPEC: {DRAFTER_SPEC_HELP} (registered: {proposers_help()})",
     )
     ev.add_argument("--prompt-lookup", action="store_true", help="add prompt lookup as a drafter")
     add_sets_arguments(ev, PAPER_SETS, "played turn by turn; default: the paper's sets but AIME 2025 (not shipped)")

@@ -46,18 +46,19 @@ def check_output_parent(parser: argparse.ArgumentParser, option: str, path: str)
 
 
 def check_drafter_spec(parser: argparse.ArgumentParser, option: str, spec: str | None) -> None:
-    """`untrained` / `untrained:γ` (γ an integer >= 1) or a drafter folder / Hub id (`check_drafter_path`)."""
+    """A registered proposer (`NAME[:γ]` / `NAME:DRAFTER`, `hf_dspark.proposers`), `untrained` / `untrained:γ` (γ an
+    integer >= 1) or a drafter folder / Hub id (`check_drafter_path`)."""
+    from ..proposers import split_proposer_spec
+
     if spec is None:
         return
-    kind, _, rest = spec.partition(":")
-    if kind in ("hybrid", "hybrid-suffix"):
-        if not rest:
-            parser.error(f"{option} {spec}: name the DSpark drafter after '{kind}:', e.g. {kind}:untrained:7")
-        return check_drafter_spec(parser, option, rest)
-    if kind in ("prompt-lookup", "suffix"):
-        if rest and (not rest.isdigit() or int(rest) < 1):
-            parser.error(f"{option} {spec}: γ after '{kind}:' must be an integer >= 1, e.g. {kind}:7")
-        return None
+    found = split_proposer_spec(spec)
+    if found is not None:
+        proposer, rest = found
+        problem = proposer.argument_error(rest)
+        if problem is not None:
+            parser.error(f"{option} {spec}: {problem}")
+        return check_drafter_spec(parser, option, rest) if proposer.argument == "drafter" else None
     if spec == "untrained" or spec.startswith("untrained:"):
         gamma = spec.partition(":")[2]
         if gamma and (not gamma.isdigit() or int(gamma) < 1):

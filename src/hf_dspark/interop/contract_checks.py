@@ -12,6 +12,7 @@ from typing import Any
 
 from safetensors import safe_open
 
+from ..model.heads import find_exported_head, get_head
 from .contracts import SPECULATORS, EngineContract, get_contract
 from .layout_flags import NESTED, declared_layouts, layout_name
 from .layouts import load_json_object
@@ -163,10 +164,9 @@ def _expected(shape: dict[str, Any], contract: EngineContract) -> dict[str, tupl
         expected["d2t"] = (vd,)
         if contract.writes_t2d:
             expected["t2d"] = (v,)
-    if r:
-        expected |= {"markov_head.markov_w1.weight": (v, r), "markov_head.markov_w2.weight": (vd, r)}
-        if shape["head"] == "rnn":
-            expected |= {"markov_head.joint_proj.weight": (3 * r, 2 * r + d), "markov_head.joint_proj.bias": (3 * r,)}
+    if r:  # a head type hf-dspark does not implement (an engine's "gated") is checked for the W1 / W2 it shares
+        head = find_exported_head(shape["head"], r) or get_head("markov")
+        expected |= head.parameter_shapes(v, vd, r, d)
     if shape["confidence"]:
         expected |= {"confidence_head.proj.weight": (1, d + (r if shape["confidence_markov"] else 0)),
                      "confidence_head.proj.bias": (1,)}

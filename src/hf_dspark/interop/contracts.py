@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..model.configuration_dspark import EMBEDDING_TAP, DSparkConfig
+from ..model.heads import get_head
 
 DSPARK, SPECULATORS = "dspark", "speculators"  # config formats: flat DSpark fields / speculators' nested format
-HEAD_NAMES = {"markov": "vanilla Markov", "rnn": "RNN", "none": "no sequential head"}
 
 
 @dataclass(frozen=True)
@@ -151,9 +151,9 @@ def _layout(config: DSparkConfig, contract: EngineContract):
         return None
     if config.sample_from_anchor:
         return ("it has no class for anchor-first drafters.", "export for another engine.")
-    if config.head_type != "none":
+    if get_head(config.head_type).module is not None:
         return (
-            f"this drafter uses the anchor + γ masks (1 + N) block and has a {HEAD_NAMES[config.head_type]} head; "
+            f"this drafter uses the anchor + γ masks (1 + N) block and has a {get_head(config.head_type).label} head; "
             f"{contract.title}'s DSpark classes run anchor-first blocks only"
             + (", and its DFlash class has no sequential head." if contract.dflash_architecture else "."),
             "export with --engine speculators (its DSpark format records sample_from_anchor=false), or retrain "
@@ -166,8 +166,8 @@ def _layout(config: DSparkConfig, contract: EngineContract):
 def _head(config: DSparkConfig, contract: EngineContract):
     if config.head_type in contract.head_types:
         return None
-    return (f"the {HEAD_NAMES[config.head_type]} head is not implemented there (it loads "
-            f"{', '.join(HEAD_NAMES[h] for h in contract.head_types)} only).",
+    return (f"the {get_head(config.head_type).label} head is not implemented there (it loads "
+            f"{', '.join(get_head(h).label for h in contract.head_types)} only).",
             "retrain with head_type='markov', or export for an engine that implements it "
             f"({', '.join(sorted(c.name for c in ENGINE_CONTRACTS.values() if config.head_type in c.head_types))}).")
 

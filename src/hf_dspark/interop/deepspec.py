@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from ..model.configuration_dspark import DSparkConfig
+from ..model.heads import head_from_export
 from .layout_flags import NESTED, resolve_layout
 from .layouts import check_full_attention, nested, read_calibration, shape_fields
 
-HEAD_FROM_DEEPSPEC = {"vanilla": "markov", "rnn": "rnn"}
 SPECFORGE_ARCHITECTURE = "DSparkDraftModel"
 
 
@@ -56,14 +56,8 @@ def format_default_layout(raw: dict[str, Any]) -> tuple[bool | None, str]:
 
 def _head_fields(raw: dict[str, Any], config_file: Path) -> dict[str, Any]:
     rank = int(nested(raw, "markov_rank") or 0)
-    kind = nested(raw, "markov_head_type")
-    if rank == 0 or kind in (None, "", "none"):
-        return {"head_type": "none", "markov_rank": max(rank, 1)}
-    if kind not in HEAD_FROM_DEEPSPEC:
-        raise ValueError(
-            f"{config_file} has markov_head_type={kind!r}; hf-dspark implements {sorted(HEAD_FROM_DEEPSPEC)}."
-        )
-    return {"head_type": HEAD_FROM_DEEPSPEC[kind], "markov_rank": rank}
+    head = head_from_export(nested(raw, "markov_head_type"), rank, str(config_file))
+    return {"head_type": head.name, "markov_rank": rank if head.module is not None else max(rank, 1)}
 
 
 def config_from_deepspec(

@@ -5,7 +5,8 @@ does instead of reading our sidecars, and the engine files the export was checke
 from __future__ import annotations
 
 from ..model.configuration_dspark import DSparkConfig
-from .contracts import HEAD_NAMES, EngineContract, get_contract
+from ..model.heads import get_head
+from .contracts import EngineContract, get_contract
 from .layout_flags import layout_name
 
 
@@ -64,8 +65,8 @@ def _summary(config: DSparkConfig, contract: EngineContract, out_name: str, dtyp
         f"Exported by hf-dspark as `{contract.architecture(config.sample_from_anchor)}` in {dtype}: γ = "
         f"{config.block_size} drafts per round, {layout_name(config.sample_from_anchor)} block "
         f"({config.num_block_slots} slots), taps {config.target_layer_ids} of a {config.num_target_layers}-layer "
-        f"`{config.target_model_type}` target, {HEAD_NAMES[config.head_type]} head"
-        f"{'' if config.head_type == 'none' else f' (rank {config.markov_rank})'}, confidence head: "
+        f"`{config.target_model_type}` target, {get_head(config.head_type).label} head"
+        f"{'' if get_head(config.head_type).module is None else f' (rank {config.markov_rank})'}, confidence head: "
         f"{'yes' if config.use_confidence_head else 'no'}, mask_token_id = {config.mask_token_id}, drafting over "
         f"{vocab}.",
         "",

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.configuration_dspark import DSparkConfig
-from .deepspec import HEAD_FROM_DEEPSPEC
+from ..model.heads import head_from_export
 from .layout_flags import check_assume_layout
 from .layouts import check_full_attention, read_calibration, shape_fields
 
@@ -27,13 +27,8 @@ def is_speculators(raw: dict[str, Any]) -> bool:
 
 def _head(raw: dict[str, Any], config_file: Path) -> dict[str, Any]:
     rank = int(raw.get("markov_rank", 256) or 0)
-    if rank == 0:
-        return {"head_type": "none", "markov_rank": 1}
-    kind = raw.get("markov_head_type", "vanilla")
-    if kind not in HEAD_FROM_DEEPSPEC:
-        raise ValueError(f"{config_file} has markov_head_type={kind!r}; hf-dspark implements "
-                         f"{sorted(HEAD_FROM_DEEPSPEC)} (not the gated head).")
-    return {"head_type": HEAD_FROM_DEEPSPEC[kind], "markov_rank": rank}
+    head = head_from_export(raw.get("markov_head_type", "vanilla"), rank, str(config_file))
+    return {"head_type": head.name, "markov_rank": rank if head.module is not None else 1}
 
 
 def config_from_speculators(

@@ -18,11 +18,11 @@ from typing import Any
 import torch
 
 from ..model.configuration_dspark import DSparkConfig
+from ..model.heads import get_head
 from ..version import __version__
 from .contracts import SPECULATORS, EngineContract
 from .layout_flags import NESTED, layout_fields
 
-HEAD_TO_DEEPSPEC = {"markov": "vanilla", "rnn": "rnn"}
 DEEPSPEC_NUM_ANCHORS = 512  # training-only field DeepSpec's model classes require (its configs use 512)
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 VOCAB_BUFFERS = ("d2t", "t2d")
@@ -67,6 +67,7 @@ def _sidecar_fields(config: DSparkConfig) -> dict[str, Any]:
 def dspark_config(config: DSparkConfig, contract: EngineContract, dtype: torch.dtype) -> dict[str, Any]:
     """The DSpark-format config.json of an anchor-first drafter for `contract`'s engine."""
     flags = {k: v for k, v in layout_fields(config.sample_from_anchor).items() if k in contract.layout_keys}
+    head = get_head(config.head_type)
     raw: dict[str, Any] = {
         "architectures": [contract.architecture(config.sample_from_anchor)],
         **layer_fields(config),
@@ -76,13 +77,13 @@ def dspark_config(config: DSparkConfig, contract: EngineContract, dtype: torch.d
         "block_size": config.num_block_slots,
         "mask_token_id": config.mask_token_id,
         **flags,
-        "markov_rank": 0 if config.head_type == "none" else config.markov_rank,
+        "markov_rank": 0 if head.export_name is None else config.markov_rank,
         "enable_confidence_head": config.use_confidence_head,
         "confidence_head_with_markov": config.use_confidence_head and config.confidence_with_markov,
         "num_anchors": DEEPSPEC_NUM_ANCHORS,
     }
-    if config.head_type != "none":
-        raw["markov_head_type"] = HEAD_TO_DEEPSPEC[config.head_type]
+    if head.export_name is not None:
+        raw["markov_head_type"] = head.export_name
     if contract.draft_vocab:
         raw["draft_vocab_size"] = config.num_draft_tokens
     if contract.nested_layout_keys:
@@ -116,6 +117,7 @@ def speculators_config(
 ) -> dict[str, Any]:
     """`DSparkSpeculatorConfig` as JSON: γ = block_size anchor-first, block_size − 1 with the 1 + N block."""
     layers = layer_fields(config) | {"dtype": dtype_name(dtype), "num_target_layers": config.num_target_layers}
+    head = get_head(config.head_type)
     return {
         "speculators_model_type": "dspark",
         "architectures": ["DSparkSpeculator"],
@@ -126,8 +128,8 @@ def speculators_config(
         "mask_token_id": config.mask_token_id,
         "sliding_window_non_causal": False,
         "sample_from_anchor": config.sample_from_anchor,
-        "markov_rank": 0 if config.head_type == "none" else config.markov_rank,
-        "markov_head_type": HEAD_TO_DEEPSPEC.get(config.head_type, "vanilla"),
+        "markov_rank": 0 if head.export_name is None else config.markov_rank,
+        "markov_head_type": head.export_name or "vanilla",  # a type is required; read only with markov_rank > 0
         "enable_confidence_head": config.use_confidence_head,
         "confidence_head_with_markov": config.use_confidence_head and config.confidence_with_markov,
         "speculators_config": {

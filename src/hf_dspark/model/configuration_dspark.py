@@ -9,9 +9,10 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.utils import logging
 
+from .heads import get_head
+
 logger = logging.get_logger(__name__)
 
-HEAD_TYPES = ("markov", "rnn", "none")
 SOURCE_LAYOUTS = ("native", "deepspec", "dflash", "speculators")
 
 # Tap id of the embedding output (hidden_states[0]), as DeepSpec spells it; decoder layer i is hidden_states[i + 1].
@@ -166,7 +167,7 @@ class DSparkConfig(PreTrainedConfig):
         self.head_type = head_type
         self.markov_rank = markov_rank
         self.use_confidence_head = use_confidence_head
-        self.confidence_with_markov = confidence_with_markov and head_type != "none"
+        self.confidence_with_markov = confidence_with_markov and get_head(head_type).conditions_on_previous
         self.calibration_temperatures = (
             [float(t) for t in calibration_temperatures] if calibration_temperatures else [1.0] * block_size
         )
@@ -207,14 +208,13 @@ class DSparkConfig(PreTrainedConfig):
             raise ValueError(f"block_size (γ) must be an integer >= 1, got {self.block_size!r}.")
         if self.num_hidden_layers < 1:
             raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}.")
-        if self.head_type not in HEAD_TYPES:
-            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
+        head = get_head(self.head_type)  # an unknown head type raises, listing the registered ones
         if self.hidden_act not in ACT2FN:
             raise ValueError(
                 f"hidden_act {self.hidden_act!r} is not a transformers activation; use the target's (e.g. 'silu', "
                 "'gelu_pytorch_tanh')."
             )
-        if self.head_type != "none" and (not isinstance(self.markov_rank, int) or self.markov_rank < 1):
+        if head.module is not None and (not isinstance(self.markov_rank, int) or self.markov_rank < 1):
             raise ValueError(
                 f"markov_rank must be >= 1 with head_type={self.head_type!r}, got {self.markov_rank!r}; "
                 "use head_type='none' for a drafter without a sequential head."

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from transformers.utils import logging
 
 from ..hardware import processor_signature
+from ..model.heads import get_head
 from .step_curve import StepCurve
 from .target_steps import (
     _STATISTICS,
@@ -44,7 +45,7 @@ def drafter_architecture(drafter) -> str:
     """A name for the drafter's cost: `dspark-<layers>L-<hidden>d-<head><rank>-g<γ>-v<draft vocab>`."""
     config = drafter.config
     vocab = getattr(config, "draft_vocab_size", None) or config.vocab_size
-    head = f"{config.head_type}{getattr(config, 'markov_rank', '') if config.head_type == 'markov' else ''}"
+    head = f"{config.head_type}{config.markov_rank if get_head(config.head_type).module is not None else ''}"
     return f"dspark-{config.num_hidden_layers}L-{config.hidden_size}d-{head}-g{config.block_size}-v{vocab}"
 
 
