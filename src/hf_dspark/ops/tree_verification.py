@@ -124,19 +124,22 @@ def _recursive_coins(
     Every node's residual sequence is computed at once (loop over the sibling rank k only). Returns (accepted
     `[R, N]`, final residual `[R, N, V]` = r_{K_i + 1} after all K_i children of node i).
     """
-    rows = target_probs.shape[0]
+    rows, nodes, vocab = target_probs.shape
     rank = sibling_ranks(tree)
     parent = tree.parents.clamp_min(0)
     q_token = sibling_probs.gather(-1, tree.tokens[..., None]).squeeze(-1)  # q_j(x_j)
     residual, accepted = target_probs, torch.zeros_like(tree.valid)
     row_index = torch.arange(rows, device=parent.device)[:, None]
+    node_index = torch.arange(nodes, device=parent.device).expand(rows, -1)
     for k in range(max_siblings):
         at_rank = tree.valid & (rank == k) & (tree.parents >= 0)  # the rank-k child of each parent, `[R, N]`
         r_token = residual[row_index, parent, tree.tokens]  # r_{parent(j), k}(x_j)
         accepted = accepted | (at_rank & (uniform * q_token < r_token))
-        q_rank = torch.zeros_like(residual).index_put_(
-            (row_index.expand_as(parent)[at_rank], parent[at_rank]), sibling_probs[at_rank]
-        )  # q_k at every parent with a rank-k child (zeros elsewhere: the residual is unchanged there)
+        slot = torch.where(at_rank, parent, nodes)  # column N collects the nodes of other ranks
+        child_at = torch.full((rows, nodes + 1), -1, dtype=torch.long, device=parent.device)
+        child_at = child_at.scatter(1, slot, node_index)[:, :nodes]  # parent i -> its rank-k child, or -1
+        q_rank = sibling_probs.gather(1, child_at.clamp_min(0)[..., None].expand(-1, -1, vocab))
+        q_rank = q_rank * (child_at >= 0)[..., None]  # zeros where there is none: the residual is unchanged there
         residual = residual_distribution(residual, q_rank)
     return accepted, residual
 

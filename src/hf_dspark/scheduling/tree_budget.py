@@ -71,7 +71,7 @@ def _best_prefix(score: torch.Tensor, eligible: torch.Tensor, step_curve: StepCu
     rank = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
     keep = (rank < count).reshape(nodes, rows).t().clone()
     keep[:, 0] = True
-    return keep, theta[count], tau[count]
+    return keep, theta.gather(0, count[None])[0], tau.gather(0, count[None])[0]
 
 
 def choose_tree_budget(
