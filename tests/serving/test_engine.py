@@ -5,9 +5,9 @@ import torch
 
 from hf_dspark import DSparkConfig, DSparkDrafter
 from hf_dspark.eval.serve import ServeConfig, run_serve_benchmark
-from hf_dspark.generation.policy import VerificationPolicy
 from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.scheduling.verification_policy import VerificationPolicy
 from hf_dspark.serving.engine import DSparkEngine
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
@@ -85,7 +85,8 @@ def test_engine_sampling_and_cancel(setup):
     engine.cancel(rids[1])
     while engine.has_work():
         engine.step()
-    assert engine.result(rids[1]).finished and len(engine.result(rids[1]).generated) < NEW
+    cancelled = engine.result(rids[1])
+    assert cancelled.finished and cancelled.cancelled and len(cancelled.generated) < NEW
     assert all(len(engine.result(r).generated) == NEW for r in (rids[0], rids[2]))
 
 

@@ -10,17 +10,22 @@ plain batched decoding, and returns the tokens each request gained.
     rid = engine.add_request(prompt_ids, max_new_tokens=128)
     while engine.has_work():
         for request_id, tokens in engine.step(): ...
-    engine.result(rid)
+    engine.result(rid)  # finished: returned once, then released
 
 Supported per request: greedy or sampling with temperature/top-k/top-p (shared by the engine), EOS and
 `max_new_tokens`. Stop strings and history-dependent processors belong to `generate`.
 Refused up front: flash / flex-attention targets (built), and requests whose positions could cross a
 length-dependent RoPE threshold (dynamic NTK, longrope), since the running rows share each forward.
 
-`add_request` copies the prompt; `add_request`, `cancel`, `result` and `take_finished` are safe from other threads
-during `step()`. A round that raises is undone: its requests go back to the queue with the tokens they had and are
-prefilled again (twice in a row: they finish with `EngineRequest.error`). `take_finished()` releases finished
-requests; `records` keeps the last `max_records` rounds.
+Faults: a prefill or a round that raises (out of memory on one huge prompt, a bad row) does not propagate. A round
+that raises is undone (its requests get back the tokens they had). The requests of the failed forward are then
+retried once, each alone (prefill, plus the round for a failed round): a request that fails alone finishes with
+`EngineRequest.error` / `error_message`, the others rejoin the batch and go on as if nothing happened (greedy
+tokens stay equal to plain `generate`).
+
+Memory: a finished request is released once `result()` or `take_finished()` returns it; the engine keeps at most
+`max_finished` uncollected finished requests (the oldest are dropped) and the last `max_records` round records.
+`add_request`, `cancel`, `result` and `take_finished` are safe from other threads during `step()`.
 """
 
 from __future__ import annotations
@@ -28,82 +33,42 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
+from transformers.utils import logging
 
-from ..generation.call_checks import check_attention_implementation, rope_reach_refusal, rope_threshold
+from ..generation.call_checks import check_call, eos_token_ids
 from ..generation.drafting import feature_layers
-from ..generation.options import DSparkGenerationOptions, check_sampling_settings, eos_token_ids
-from ..generation.policy import VerificationPolicy, policy_from_options
 from ..generation.prefill import prefill_target
 from ..generation.processors import RowProcessors
-from ..generation.round import RoundBatch, RoundKernel, RoundRecord
-from ..generation.state import bind_drafter
+from ..generation.round import RoundBatch, RoundKernel
 from ..ops.functional import greedy_token_ids
-from ..scheduling.registry import NO_SPECULATION, available_policies, canonical_policy_name
-from ..target.checks import check_target
+from ..scheduling.records import RoundRecord
+from ..scheduling.verification_policy import VerificationPolicy
 from ..target.packed_linear import linear_packs_for
-from .inputs import RequestHistories, check_engine_arguments, prompt_tensor, sampling_warpers
+from .inputs import (
+    RequestHistories,
+    check_engine_arguments,
+    check_rope_reach,
+    named_policy,
+    prompt_tensor,
+    sampling_warpers,
+)
+from .requests import DEFAULT_MAX_FINISHED, EngineRequest, EngineRoundRecord, FinishedRequests
 
 if TYPE_CHECKING:
     from ..generation.drafting import DraftModel
 
+logger = logging.get_logger(__name__)
 
-@dataclass
-class EngineRequest:
-    """One request's state and timings (seconds from `time.perf_counter`)."""
-
-    request_id: int
-    prompt_ids: torch.Tensor
-    max_new_tokens: int
-    generated: list[int] = field(default_factory=list)
-    finished: bool = False
-    arrival: float = 0.0
-    admitted: float | None = None
-    finished_at: float | None = None
-    rounds: int = 0
-    cancelled: bool = False
-    error: BaseException | None = None
-    failures: int = 0
-
-    @property
-    def history(self) -> torch.Tensor:
-        return torch.cat([self.prompt_ids, self.prompt_ids.new_tensor(self.generated)])
-
-
-@dataclass
-class EngineRoundRecord:
-    """running: rows in the round; verify_lens / committed: per row; drafted: rows that ran the drafter;
-    seconds: the whole `step` (admission included); policy_seconds: the policy's decisions."""
-
-    running: int
-    verify_lens: list[int]
-    committed: list[int]
-    seconds: float
-    drafted: int = 0
-    policy_seconds: float = 0.0
-
-
-def _named_policy(
-    name: str, target, drafter: DraftModel, do_sample: bool, packed_weights: bool | None = None
-) -> VerificationPolicy:
-    """The policy `generate` builds for `dspark_policy=name`: the curves of this target and drafter (cache, shipped,
-    else profiled once) and, for "auto", the drafter's pooled acceptance for the decoding mode."""
-    if canonical_policy_name(name) not in available_policies():
-        raise ValueError(
-            f"policy must be {NO_SPECULATION!r}, one of {list(available_policies())} or a "
-            f"VerificationPolicy; got {name!r}."
-        )
-    options = DSparkGenerationOptions(dspark_policy=name, dspark_packed_weights=packed_weights)
-    return policy_from_options(
-        options, drafter.config.block_size, greedy=not do_sample, target=target, drafter=drafter
-    )
+Events = list[tuple[int, list[int]]]
 
 
 class DSparkEngine:
-    """Continuous-batching DSpark serving loop (public API: add_request, step, has_work, result, cancel).
+    """Continuous-batching DSpark serving loop (public API: add_request, step, has_work, result, cancel,
+    take_finished).
 
     Args:
         target: the target causal LM (its KV cache layers must be full-attention dynamic layers).
@@ -121,6 +86,8 @@ class DSparkEngine:
             policies compare on the same kernels): True / False, or None to pack float32 CPU targets when the
             copies fit in memory (`packed_linear.linear_packs_for`).
         max_records: round records kept in `records` (the latest; None keeps all).
+        max_finished: finished requests kept until `result` or `take_finished` collects them (1024 by default);
+            beyond it the oldest are dropped, with a warning. None keeps every uncollected one (unbounded memory).
     """
 
     def __init__(
@@ -136,22 +103,25 @@ class DSparkEngine:
         max_running: int = 64,
         packed_weights: bool | None = None,
         max_records: int | None = 10_000,
+        max_finished: int | None = DEFAULT_MAX_FINISHED,
     ) -> None:
         check_engine_arguments(policy, drafter, max_running)
         if max_records is not None and (type(max_records) is not int or max_records < 0):
             raise ValueError(f"max_records must be None (keep every round) or an int >= 0, got {max_records!r}.")
-        check_sampling_settings(do_sample, temperature, top_k, top_p)  # as generate checks them
-        eos = eos_token_ids(eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id)
-        check_target(target)  # quantized, offloaded or dropout-active targets, with every policy
-        check_attention_implementation(target)  # flash / flex kernels take no per-row 4D masks
-        if policy != "none":
-            bind_drafter(target, drafter)  # binds an unbound drafter; refuses one bound to another target
+        self.finished = FinishedRequests(max_finished)  # checks max_finished
+        eos_ids = eos_token_id if eos_token_id is not None else target.generation_config.eos_token_id
+        decoding = SimpleNamespace(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   eos_token_id=eos_ids)
+        # generate's checks, once (target, sampling and EOS settings; binds an unbound drafter, refuses one bound
+        # to another target)
+        check_call(target, drafter if policy != "none" else None, decoding)
+        eos = eos_token_ids(eos_ids)
         if isinstance(policy, str) and policy != "none":
-            policy = _named_policy(policy, target, drafter, do_sample, packed_weights)
-        if isinstance(policy, VerificationPolicy) and policy.name == "auto" and policy.greedy == do_sample:
+            policy = named_policy(policy, target, drafter, do_sample, packed_weights)
+        if isinstance(policy, VerificationPolicy) and policy.rule.per_decoding_mode and policy.greedy == do_sample:
             mode = "greedy" if policy.greedy else "sampling"
             raise ValueError(
-                f"the 'auto' policy was built for {mode} (greedy={policy.greedy}) but the engine has "
+                f"the {policy.name!r} policy was built for {mode} (greedy={policy.greedy}) but the engine has "
                 f"do_sample={do_sample}; build it with greedy={not do_sample}."
             )
         self.target, self.policy = target, policy
@@ -170,14 +140,15 @@ class DSparkEngine:
             packs=self.packs,
         )
         self.taps = feature_layers(self.drafter) if self.drafter is not None else []
-        self.requests: dict[int, EngineRequest] = {}
+        self.requests: dict[int, EngineRequest] = {}  # waiting, being admitted or running (finished: `finished`)
         self.waiting: list[int] = []
         self.batch: RoundBatch | None = None
         self.records: deque[EngineRoundRecord] = deque(maxlen=max_records)
         self._next_id = 0
-        self._queue_lock = threading.RLock()  # requests, waiting, ids: short critical sections, any thread
+        self._queue_lock = threading.RLock()  # requests, finished, waiting, ids: short critical sections
         self._step_lock = threading.Lock()  # one step at a time
         self._admitting: set[int] = set()  # taken from the queue, not yet in the batch
+        self._released: set[int] = set()  # finished, returned by `result`, still in the batch: not kept
         weight = target.get_input_embeddings().weight
         self._target_kind = (weight.dtype, weight.device)
 
@@ -196,7 +167,8 @@ class DSparkEngine:
                 f"max_new_tokens={max_new_tokens!r}"
             )
         prompt = prompt_tensor(prompt_ids, int(self.target.get_input_embeddings().num_embeddings))
-        self._check_rope_reach(prompt.numel(), max_new_tokens)
+        gamma = self.drafter.config.block_size if self.drafter is not None else 0
+        check_rope_reach(self.target, gamma, prompt.numel(), max_new_tokens)
         with self._queue_lock:
             rid = self._next_id
             self._next_id += 1
@@ -204,48 +176,40 @@ class DSparkEngine:
             self.waiting.append(rid)
         return rid
 
-    def _check_rope_reach(self, prompt_length: int, max_new_tokens: int) -> None:
-        """Refuse a request whose forwards could cross a length-dependent RoPE threshold: the running rows share
-        each forward, so one row past it would change every row's frequencies (`call_checks.rope_reach_refusal`)."""
-        found = rope_threshold(self.target.config.get_text_config(decoder=True))
-        if found is None:
-            return
-        gamma = self.drafter.config.block_size if self.drafter is not None else 0
-        slots = f", γ = {gamma} draft slots" if gamma else ""
-        reason = rope_reach_refusal(
-            self.target,
-            prompt_length + max_new_tokens + gamma,
-            f"This request ({prompt_length} prompt tokens, max_new_tokens={max_new_tokens}{slots})",
-            f"Keep prompt + max_new_tokens at most {found[1] - gamma} tokens per request, or serve this target "
-            "without DSparkEngine.",
-        )
-        if reason is not None:
-            raise ValueError(reason)
-
     def has_work(self) -> bool:
         with self._queue_lock:
             return bool(self.waiting or self.running)
 
     def result(self, request_id: int) -> EngineRequest:
-        """The request's state: `generated` tokens so far, `finished`, `error`, timings."""
+        """The request's state: `generated` tokens so far, `finished`, `cancelled`, `error`, timings. A finished
+        request is returned once and then released (a later call raises `KeyError`)."""
         with self._queue_lock:
-            if request_id not in self.requests:
-                raise KeyError(
-                    f"unknown request id {request_id!r}: add_request returns the ids this engine knows "
-                    "(take_finished forgets the requests it returns)"
-                )
-            return self.requests[request_id]
+            request = self._lookup(request_id)
+            if request.finished and self.finished.pop(request_id) is None:
+                self._released.add(request_id)  # still leaving the batch: not kept when it does
+            return request
+
+    def _lookup(self, request_id: int) -> EngineRequest:
+        request = self.requests.get(request_id) or self.finished.get(request_id)
+        if request is None:
+            raise KeyError(
+                f"unknown request id {request_id!r}: add_request returns the ids this engine knows. A finished "
+                "request is released once result() or take_finished() has returned it, and at most "
+                f"max_finished={self.finished.limit} uncollected finished requests are kept (the oldest go first)."
+            )
+        return request
 
     def cancel(self, request_id: int) -> None:
         """Finish a request now (waiting or running); its tokens so far stay in `result`. Safe during `step()` in
-        another thread: a running request leaves the batch when the round ends."""
+        another thread: a running request leaves the batch when the round ends. A finished request stays as it is."""
         with self._queue_lock:
-            request = self.result(request_id)
-            if not request.finished:
-                request.finished, request.finished_at = True, time.perf_counter()
-            request.cancelled = True
+            request = self._lookup(request_id)
+            if request.finished:
+                return
+            request.finished, request.finished_at, request.cancelled = True, time.perf_counter(), True
             if request_id in self.waiting:
                 self.waiting.remove(request_id)
+                self._retire([request_id])
         if self._step_lock.acquire(blocking=False):  # no round runs: leave the batch now
             try:
                 self._drop_finished()
@@ -253,21 +217,17 @@ class DSparkEngine:
                 self._step_lock.release()
 
     def take_finished(self) -> list[EngineRequest]:
-        """The finished requests (done, cancelled or failed), in id order, forgotten by the engine: a serving loop
-        calls this to release them (`result` then no longer knows their ids)."""
+        """The finished requests (done, cancelled or failed) that left the batch, in id order, released by the
+        engine: a serving loop calls this to collect them (`result` then no longer knows their ids)."""
         with self._queue_lock:
-            running = set(self.running) | self._admitting
-            done = [r for rid, r in sorted(self.requests.items()) if r.finished and rid not in running]
-            for request in done:
-                del self.requests[request.request_id]
-            return done
+            return self.finished.take_all()
 
     @torch.no_grad()
-    def step(self) -> list[tuple[int, list[int]]]:
+    def step(self) -> Events:
         """Admit waiting requests, run one round; returns (request_id, new tokens) for every request that gained.
 
-        If the round raises, its commits are undone, its requests go back to the front of the queue (prefilled
-        again at the next step) and the exception propagates; the engine stays usable."""
+        A prefill or round that raises is undone and its requests retried once, each alone; one that fails alone
+        finishes with `error` (see the module docstring). The exception does not propagate."""
         with self._step_lock:
             self._check_target_unchanged()
             if self.packs is not None:
@@ -290,23 +250,24 @@ class DSparkEngine:
                 "device: build a new DSparkEngine for the moved target (and re-bind the drafter)."
             )
 
-    def _guarded_round(self, start: float) -> list[tuple[int, list[int]]]:
-        """`_round`, undone on an exception (`_requeue`)."""
+    # ------------------------------------------------------------------ faults
+    def _guarded_round(self, start: float) -> Events:
+        """`_round` on the running batch; if it raises, the round is undone and its requests retried alone."""
         batch = self.batch
         before = {rid: len(self.requests[rid].generated) for rid in batch.rows}
         try:
-            events = self._round(start)
+            events = self._round(batch, start)
         except Exception as error:
-            self._requeue(batch, before, error)
-            raise
+            rows = self._roll_back(batch, before)
+            self._log_fault("round", rows, error)
+            return self._retry_alone(rows, "round")
         for rid in batch.rows:
             self.requests[rid].failures = 0
         return events
 
-    def _requeue(self, batch: RoundBatch, before: dict[int, int], error: Exception) -> None:
-        """Every request of a failed round gets back the tokens it had before it and returns to the front of the
-        queue (the batch and its caches are dropped); one whose round failed twice in a row finishes with the error."""
-        requeued = []
+    def _roll_back(self, batch: RoundBatch, before: dict[int, int]) -> list[int]:
+        """Drop the batch (its caches are in an unknown state); every request gets back the tokens it had before
+        the round. Returns the requests to retry (the cancelled ones leave)."""
         with self._queue_lock:  # take_finished must not see the batch gone before its requests are rolled back
             self.batch = None
             if isinstance(self.policy, VerificationPolicy):
@@ -314,18 +275,75 @@ class DSparkEngine:
             for rid, length in before.items():
                 request = self.requests[rid]
                 del request.generated[length:]
+                if not request.cancelled:
+                    request.finished, request.finished_at = False, None
+            retry = [rid for rid in before if not self.requests[rid].cancelled]
+            self._retire(list(before))  # the cancelled ones
+        return retry
+
+    def _retry_alone(self, rids: list[int], stage: str) -> Events:
+        """Each request of a failed forward alone: prefill (its prompt and kept tokens), then for a failed round
+        one round; a request that raises again finishes with the error, the others join the running batch."""
+        events: Events = []
+        for rid in rids:
+            request = self.requests.get(rid)
+            if request is None or request.finished:  # cancelled meanwhile
+                continue
+            request.failures += 1  # the failed forward
+            before = len(request.generated)
+            try:
+                batch, tokens = self._prefill([rid])
+                gained = self._commit_first(batch, tokens)
+                if stage == "round" and not request.finished:
+                    gained += self._round(batch, time.perf_counter())
+                    if self.drafter is not None:
+                        batch.flush(self.drafter)  # a batch joins another with no queued updates
+            except Exception as error:
+                del request.generated[before:]
                 request.failures += 1
-                if request.cancelled:
+                self._fail(request, stage, error)
+                continue
+            request.failures = 0
+            events += gained
+            if not request.finished:
+                self._join(batch)
+        self._retire(rids)
+        return events
+
+    def _fail(self, request: EngineRequest, stage: str, error: Exception) -> None:
+        logger.warning(
+            f"DSparkEngine request {request.request_id} failed in its {stage} again, alone ({type(error).__name__}: "
+            f"{error}); it finishes with the error, the other requests go on.",
+            exc_info=error,
+        )
+        with self._queue_lock:
+            request.error = error.with_traceback(None)  # keeps no frames (and their tensors) alive
+            request.error_message = f"{stage} raised {type(error).__name__}: {error}"
+            request.finished, request.finished_at = True, time.perf_counter()
+
+    @staticmethod
+    def _log_fault(stage: str, rids: list[int], error: Exception) -> None:
+        logger.warning(
+            f"DSparkEngine: a {stage} of requests {rids[:8]}{' ...' if len(rids) > 8 else ''} raised "
+            f"{type(error).__name__}: {error}; each is retried once, alone."
+        )
+
+    def _retire(self, rids: list[int]) -> None:
+        """Move the finished requests among `rids` (none of them in the batch) to `finished`; the ones `result`
+        already returned are released."""
+        with self._queue_lock:
+            for rid in rids:
+                request = self.requests.get(rid)
+                if request is None or not request.finished:
                     continue
-                if request.failures >= 2:
-                    request.finished, request.finished_at, request.error = True, time.perf_counter(), error
-                    continue
-                request.finished, request.finished_at = False, None
-                requeued.append(rid)
-            self.waiting = requeued + self.waiting
+                del self.requests[rid]
+                if rid in self._released:
+                    self._released.discard(rid)
+                else:
+                    self.finished.add(request)
 
     # ------------------------------------------------------------------ admission (prefill)
-    def _admit(self) -> list[tuple[int, list[int]]]:
+    def _admit(self) -> Events:
         room = self.max_running - len(self.running)
         with self._queue_lock:
             new, self.waiting = self.waiting[:room], self.waiting[room:]
@@ -333,12 +351,20 @@ class DSparkEngine:
         if not new:
             return []
         try:
-            return self._prefill(new)
+            try:
+                batch, tokens = self._prefill(new)
+            except Exception as error:
+                self._log_fault("prefill", new, error)
+                return self._retry_alone(new, "prefill")
+            events = self._commit_first(batch, tokens)
+            self._join(batch)
+            return events
         finally:
             self._admitting = set()
 
-    def _prefill(self, new: list[int]) -> list[tuple[int, list[int]]]:
-        prompts = [self.requests[r].history for r in new]  # a request sent back by a failed round: what it kept
+    def _prefill(self, new: list[int]) -> tuple[RoundBatch, list[int]]:
+        """One prefill forward for `new` (left-padded): their batch and first tokens (host ints)."""
+        prompts = [self.requests[r].history for r in new]  # a request back from a failed round: what it kept
         width = max(p.numel() for p in prompts)
         ids = torch.zeros(len(new), width, dtype=torch.long)
         mask = torch.zeros(len(new), width, dtype=torch.long)
@@ -346,25 +372,26 @@ class DSparkEngine:
             ids[i, width - prompt.numel() :], mask[i, width - prompt.numel() :] = prompt, 1
         device = self.target.device
         ids, mask = ids.to(device), mask.to(device)
-        try:
-            out = prefill_target(self.target, ids, mask, None, None, self.taps)  # sliding windows become masks
-            first = self._pick(self.processors.apply([], [], out.logits))
-            batch = self.kernel.start(new, first, out.target, out.features, out.valid)
-        except Exception:
-            with self._queue_lock:
-                self.waiting = [r for r in new if not self.requests[r].finished] + self.waiting  # wait again
-            raise
+        out = prefill_target(self.target, ids, mask, None, None, self.taps)  # sliding windows become masks
+        first = self._pick(self.processors.apply([], [], out.logits))
+        batch = self.kernel.start(new, first, out.target, out.features, out.valid)
+        return batch, first.tolist()
+
+    def _commit_first(self, batch: RoundBatch, tokens: list[int]) -> Events:
+        now = time.perf_counter()
+        events = []
+        for rid, token in zip(batch.rows, tokens):
+            request = self.requests[rid]
+            if request.admitted is None:
+                request.admitted = now
+            events.append((rid, self._commit(rid, [token])))
+        return events
+
+    def _join(self, batch: RoundBatch) -> None:
         if self.batch is None:
             self.batch = batch
         else:
             self.batch.extend(batch)
-        now = time.perf_counter()
-        events = []
-        for rid, token in zip(new, first.tolist()):
-            if self.requests[rid].admitted is None:
-                self.requests[rid].admitted = now
-            events.append((rid, self._commit(rid, [token])))
-        return events
 
     # ------------------------------------------------------------------ one round
     def _pick(self, scores: torch.Tensor) -> torch.Tensor:
@@ -372,12 +399,11 @@ class DSparkEngine:
             return greedy_token_ids(scores)
         return torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(-1)
 
-    def _round(self, start: float) -> list[tuple[int, list[int]]]:
-        batch = self.batch
+    def _round(self, batch: RoundBatch, start: float) -> Events:
         requests = [self.requests[r] for r in batch.rows]
         left = [r.max_new_tokens - len(r.generated) for r in requests]  # host ints
         histories = RequestHistories(requests)  # built only where a drafter reads them
-        events: list[tuple[int, list[int]]] = []
+        events: Events = []
 
         def commit(tokens: list[list[int]], scores: torch.Tensor, logits: torch.Tensor) -> list[int]:
             counts = []
@@ -417,13 +443,17 @@ class DSparkEngine:
     def _drop_finished(self) -> None:
         if self.batch is None:
             return
-        keep = [a for a, rid in enumerate(self.batch.rows) if not self.requests[rid].finished]
-        if len(keep) == len(self.batch.rows):
-            return
         gone = [rid for rid in self.batch.rows if self.requests[rid].finished]
+        if not gone:
+            return
         if isinstance(self.policy, VerificationPolicy):
             self.policy.forget(gone)
+        keep = [a for a, rid in enumerate(self.batch.rows) if not self.requests[rid].finished]
         if not keep:
             self.batch = None
-            return
-        self.batch.keep(keep)
+        else:
+            self.batch.keep(keep)
+        self._retire(gone)
+
+
+__all__ = ["DSparkEngine", "EngineRequest", "EngineRoundRecord"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from transformers.generation.logits_process import (
@@ -12,7 +13,14 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from ..generation.policy import VerificationPolicy
+from ..generation.options import DSparkGenerationOptions
+from ..generation.policy import policy_from_options
+from ..scheduling.registry import NO_SPECULATION, available_policies, canonical_policy_name
+from ..scheduling.verification_policy import VerificationPolicy
+from ..target.checks import rope_reach_refusal, rope_threshold
+
+if TYPE_CHECKING:
+    from ..generation.drafting import DraftModel
 
 
 def sampling_warpers(
@@ -44,6 +52,40 @@ def check_engine_arguments(policy, drafter, max_running) -> None:
         )
     if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
         raise ValueError(f"max_running must be an int >= 1 (requests in the running batch), got {max_running!r}.")
+
+
+def named_policy(
+    name: str, target, drafter: DraftModel, do_sample: bool, packed_weights: bool | None = None
+) -> VerificationPolicy:
+    """The policy `generate` builds for `dspark_policy=name`: the curves of this target and drafter (cache, shipped,
+    else profiled once) and, for "auto", the drafter's pooled acceptance for the decoding mode."""
+    if canonical_policy_name(name) not in available_policies():
+        raise ValueError(
+            f"policy must be {NO_SPECULATION!r}, one of {list(available_policies())} or a "
+            f"VerificationPolicy; got {name!r}."
+        )
+    options = DSparkGenerationOptions(dspark_policy=name, dspark_packed_weights=packed_weights)
+    return policy_from_options(
+        options, drafter.config.block_size, greedy=not do_sample, target=target, drafter=drafter
+    )
+
+
+def check_rope_reach(target, gamma: int, prompt_length: int, max_new_tokens: int) -> None:
+    """Refuse a request whose forwards could cross a length-dependent RoPE threshold: the running rows share
+    each forward, so one row past it would change every row's frequencies (`target.checks.rope_reach_refusal`)."""
+    found = rope_threshold(target.config.get_text_config(decoder=True))
+    if found is None:
+        return
+    slots = f", γ = {gamma} draft slots" if gamma else ""
+    reason = rope_reach_refusal(
+        target,
+        prompt_length + max_new_tokens + gamma,
+        f"This request ({prompt_length} prompt tokens, max_new_tokens={max_new_tokens}{slots})",
+        f"Keep prompt + max_new_tokens at most {found[1] - gamma} tokens per request, or serve this target "
+        "without DSparkEngine.",
+    )
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def prompt_tensor(prompt_ids, vocab_size: int) -> torch.Tensor:
