@@ -98,8 +98,8 @@ def _point_mass_coins(tree: DraftTree, target_probs: torch.Tensor, uniform: torc
     uniform `[R, N]`; returns accepted `[R, N]` (before the first-sibling rule).
     """
     parent = tree.parents.clamp_min(0)
-    p_at_parent = target_probs.gather(1, parent[..., None].expand(-1, -1, target_probs.shape[-1]))
-    p_token = p_at_parent.gather(-1, tree.tokens[..., None]).squeeze(-1) * tree.valid  # p_{parent(j)}(x_j)
+    row_index = torch.arange(tree.num_rows, device=parent.device)[:, None]
+    p_token = target_probs[row_index, parent, tree.tokens] * tree.valid  # p_{parent(j)}(x_j), `[R, N]`
     nodes = tree.num_nodes
     same_parent = (tree.parents[:, :, None] == tree.parents[:, None, :]) & tree.valid[:, None, :]
     earlier = torch.ones(nodes, nodes, dtype=torch.bool, device=tree.parents.device).tril(-1)
