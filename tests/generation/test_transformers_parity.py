@@ -62,11 +62,11 @@ TWO_DRAFTS = dict(dspark_policy="fixed", dspark_verify_len=2)
 
 def check_outputs(output, plain, target, batch: int, prompt_len: int) -> None:
     """Upstream's `_check_outputs(output, config, use_cache=True)` for a decoder-only target (scores, logits,
-    cache; attentions and hidden states are refused), plus: the same output type, fields, cache layer types and
-    shapes as plain `generate`'s `plain`."""
+    cache; attentions and hidden states are refused), plus: plain `generate`'s output class (a DSpark output may
+    subclass it to carry its statistics outside the fields), fields, cache layer types and shapes."""
     config = target.config
-    assert type(output) is type(plain) is GenerateDecoderOnlyOutput
-    assert set(output.keys()) == set(plain.keys())
+    assert isinstance(output, GenerateDecoderOnlyOutput) and type(plain) is GenerateDecoderOnlyOutput
+    assert list(output.keys()) == list(plain.keys())
     assert output.sequences.shape == plain.sequences.shape
     gen_len = output.sequences.shape[-1] - prompt_len
     # _check_scores

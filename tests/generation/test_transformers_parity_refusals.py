@@ -60,7 +60,7 @@ REFUSED = {
     ),
     "prompt_lookup_num_tokens": (dict(prompt_lookup_num_tokens=2), r"prompt_lookup_num_tokens=2.*prompt_lookup_for"),
     "num_assistant_tokens_schedule": (
-        dict(num_assistant_tokens_schedule="constant"), r"num_assistant_tokens_schedule.*dspark_policy"
+        dict(num_assistant_tokens_schedule="heuristic"), r"num_assistant_tokens_schedule.*dspark_policy"
     ),
 }
 
