@@ -23,11 +23,12 @@ from ..target.attention import packed_gqa_config
 from ..target.output_cache import dict_output
 from ..target.packed_linear import installed_linears, linear_packs_for
 from ..target.static_cache import static_plan
+from .call_checks import check_prompt
 from .options import DSparkGenerationOptions
 from .policy import policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
-from .state import RowHistories, RowState, validate_call
+from .state import RowHistories, RowState
 from .stats import DSparkGenerationStats, remember_stats
 from .streaming import CommitStreamer
 from .tree_round import round_kernel
@@ -52,7 +53,7 @@ class DSparkLoop:
     """
 
     def __init__(self, model, drafter: DraftModel, input_ids, logits_processor, stopping_criteria,
-                 generation_config, streamer=None, **model_kwargs) -> None:
+                 generation_config, options: DSparkGenerationOptions, streamer=None, **model_kwargs) -> None:
         self.model, self.drafter, self.config = model, drafter, generation_config
         self.do_sample = bool(generation_config.do_sample)
         self.model_kwargs = model_kwargs
@@ -62,7 +63,7 @@ class DSparkLoop:
         self.rows = RowState(input_ids, stopping_criteria, generation_config)
         self.streaming = CommitStreamer(streamer, self.rows)
         block_size = drafter.config.block_size
-        self.options = options = DSparkGenerationOptions.from_generation_config(generation_config)  # parsed once
+        self.options = options  # parsed once, where the call was taken over
         self.policy = policy_from_options(options, block_size, greedy=not self.do_sample, target=model,
                                           drafter=drafter)
         self.stats = DSparkGenerationStats(batch, block_size, self.policy.name,
@@ -136,13 +137,15 @@ class DSparkLoop:
 
 
 def dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                    streamer=None, assistant_model=None, **model_kwargs):
-    """The `_assisted_decoding` replacement used when the assistant is a DSpark drafter (`DraftModel`)."""
+                    streamer=None, assistant_model=None, *, options: DSparkGenerationOptions, **model_kwargs):
+    """The `_assisted_decoding` replacement used when the assistant is a DSpark drafter (`DraftModel`), for a call
+    already checked (`call_checks.check_call`) whose `options` are parsed; the prompt is checked here, once
+    (`call_checks.check_prompt`)."""
     model_kwargs.pop("inputs_tensor", None)
     for unused in ("assistant_tokenizer", "tokenizer", "logits_to_keep", "use_cache"):
         model_kwargs.pop(unused, None)
-    validate_call(model, assistant_model, generation_config)
+    check_prompt(model, assistant_model, input_ids, model_kwargs, generation_config)
     loop = DSparkLoop(model, assistant_model, input_ids, logits_processor, stopping_criteria, generation_config,
-                      streamer=streamer, **model_kwargs)
+                      options, streamer=streamer, **model_kwargs)
     with torch.no_grad():
         return loop.run()

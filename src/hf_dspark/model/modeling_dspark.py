@@ -7,12 +7,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers.utils import logging
 
 from ..io_utils import check_folder_path
 from ..ops.functional import calibrated_confidence, greedy_token_ids, semi_autoregressive_logits
-from .binding import unbound_assistant_error, validate_target_shape
+from .binding import STOCK_LOOP_READS, stock_loop_error, validate_target_shape
 from .cache import DSparkDraftCache
 from .configuration_dspark import DSparkConfig
 from .draft_vocab import (
@@ -138,8 +138,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return HOOKS.get("last_generation_stats")(self)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "generation_config":  # read by transformers' stock assisted loop: the target is not DSpark-enabled
-            raise unbound_assistant_error(self)
+        if name == "generation_config" and self._bound is not None:
+            # the assistant's own settings, as transformers' assisted loop and its tests read and set them (a
+            # DSpark call refuses the ones it would ignore, `call_checks.explicit_assistant_knobs`)
+            self.generation_config = GenerationConfig()
+            return self.generation_config
+        if name in STOCK_LOOP_READS:  # transformers' own assisted loop: not a DSpark-enabled target
+            raise stock_loop_error(self)
         return super().__getattr__(name)
 
     def _require_bound(self) -> _BoundTarget:
