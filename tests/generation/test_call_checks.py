@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import Phi3Config, Phi3ForCausalLM
 
-from hf_dspark.generation import call_checks, loop
+from hf_dspark.generation import loop
 from hf_dspark.model import binding
 from hf_dspark.target import checks as target_checks
 from hf_dspark.target.checks import rope_threshold
@@ -245,3 +245,146 @@ def test_flash_attention_target_is_refused(no_work):
     ids, mask = ragged_prompts(2, seed=5)
     with pytest.raises(ValueError, match=r"flash_attention_2.*attn_implementation='sdpa'"):
         target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=drafter)
+
+
+# ------------------------------------------------------------------ one check path, run once per call
+def _fresh_pair(seed: int = 3):
+    """A target DSpark was never enabled on and an unbound drafter for it."""
+    from hf_dspark import DSparkConfig, DSparkDrafter
+
+    target = make_target("llama", seed=seed)
+    config = DSparkConfig.from_target(target.config, block_size=4, markov_rank=8, target_layer_ids=[0, 2])
+    torch.manual_seed(seed + 1)
+    return target, DSparkDrafter(config).eval()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How often each entry runs `check_call` and the loop runs `check_prompt` (the functions wrapped where they
+    are called)."""
+    from hf_dspark.generation import dispatch
+    from hf_dspark.serving import engine
+
+    counts = {"check_call": 0, "check_prompt": 0}
+    for module, name in ((dispatch, "check_call"), (engine, "check_call"), (loop, "check_prompt")):
+        original = getattr(module, name)
+
+        def counting(*args, _original=original, _name=name, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counting)
+    return counts
+
+
+def _generate(entry: str, ids, mask, **settings):
+    """One greedy call through `entry`; returns (its output, plain generate's output on a twin target)."""
+    from hf_dspark import disable, dspark_generate
+    from hf_dspark.proposers import hybrid_for
+
+    target, drafter = _fresh_pair()
+    reference = make_target("llama", seed=3).generate(ids, attention_mask=mask, max_new_tokens=6, **settings)
+    kwargs = dict(attention_mask=mask, max_new_tokens=6, **settings)
+    if entry == "bound before":
+        drafter.bind_target(target)
+        return target.generate(ids, assistant_model=drafter, **kwargs), reference
+    if entry == "bound inside":
+        return target.generate(ids, assistant_model=drafter.bind_target(target), **kwargs), reference
+    if entry == "hybrid":
+        return target.generate(ids, assistant_model=hybrid_for(drafter.bind_target(target)), **kwargs), reference
+    drafter.bind_target(target)
+    if entry == "custom_generate (not enabled)":
+        disable(target)
+    return target.generate(ids, custom_generate=dspark_generate, drafter=drafter, **kwargs), reference
+
+
+ENTRIES = ["bound before", "bound inside", "hybrid", "custom_generate", "custom_generate (not enabled)"]
+
+
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_each_entry_runs_the_checks_exactly_once_per_call(counted, entry):
+    ids, mask = ragged_prompts(2, seed=7)
+    output, reference = _generate(entry, ids, mask, do_sample=False)
+    assert torch.equal(output, reference)
+    assert counted == {"check_call": 1, "check_prompt": 1}
+
+
+def test_the_stock_loop_runs_the_call_checks_once(counted):
+    target, drafter = _fresh_pair()
+    ids = torch.randint(3, 96, (1, 6), generator=torch.Generator().manual_seed(2))
+    reference = make_target("llama", seed=3).generate(ids, max_new_tokens=6, do_sample=False)
+    output = target.generate(ids, assistant_model=drafter.bind_target(target), max_new_tokens=6, do_sample=False,
+                             dspark_stock_loop=True)
+    assert torch.equal(output, reference)
+    assert counted == {"check_call": 1, "check_prompt": 0}  # transformers' own loop takes the prompt
+
+
+def test_the_engine_runs_the_call_checks_once(counted):
+    from hf_dspark.serving.engine import DSparkEngine
+
+    target, drafter = _fresh_pair()
+    engine = DSparkEngine(target, drafter, policy="fixed")
+    assert drafter.bound_to(target)
+    request = engine.add_request([5, 6, 7, 8], max_new_tokens=4)
+    while engine.has_work():
+        engine.step()
+    assert len(engine.result(request).generated) == 4
+    assert counted == {"check_call": 1, "check_prompt": 0}
+
+
+def test_options_are_parsed_once_per_call(monkeypatch):
+    from hf_dspark.generation.options import DSparkGenerationOptions
+
+    parsed = []
+    original = DSparkGenerationOptions.__post_init__
+
+    def counting(self):
+        parsed.append(self)
+        original(self)
+
+    monkeypatch.setattr(DSparkGenerationOptions, "__post_init__", counting)
+    target, drafter = _fresh_pair()
+    ids, mask = ragged_prompts(2, seed=7)
+    target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=drafter.bind_target(target),
+                    dspark_policy="fixed", dspark_verify_len=2)
+    assert len(parsed) == 1 and parsed[0].policy_options == {"dspark_verify_len": 2}
+
+
+REFUSED = {
+    "num_beams=2": (dict(num_beams=2), r"DSpark does not support beam search \(num_beams=2.*set num_beams=1"),
+    "num_beams=2, sampling": (
+        dict(num_beams=2, do_sample=True), r"DSpark does not support beam search \(num_beams=2.*set num_beams=1"
+    ),
+    "num_assistant_tokens=3": (
+        dict(num_assistant_tokens=3), r"num_assistant_tokens=3 is not supported.*dspark_policy='fixed'"
+    ),
+    "assistant_confidence_threshold=0.7": (
+        dict(assistant_confidence_threshold=0.7),
+        r"assistant_confidence_threshold=0.7 is not supported.*dspark_threshold=",
+    ),
+    "eos_token_id=-1": (dict(eos_token_id=-1), r"eos_token_id must be a token id \(an int >= 0\).*got -1"),
+    "eos_token_id='</s>'": (
+        dict(eos_token_id="</s>"), r"eos_token_id must be a token id.*got '</s>'.*convert_tokens_to_ids"
+    ),
+    "top_p=1.5": (dict(do_sample=True, top_p=1.5), r"top_p must be a number in \(0, 1\].*got 1.5"),
+    "empty prompt": (dict(), r"input_ids has no tokens \(shape \[2, 0\]\).*pass at least the BOS token"),
+}
+
+
+@pytest.mark.parametrize("bound", ["before", "inside"])
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_refused_alike_whether_the_drafter_is_bound_before_or_inside_the_call(bound, case):
+    """Each refusal names the input and the fix, before any forward, when the drafter was bound before the call
+    and when `bind_target` ran while the call's arguments were evaluated (on a target never enabled before)."""
+    settings, match = REFUSED[case]
+    target, drafter = _fresh_pair()
+    ids, mask = ragged_prompts(2, seed=7)
+    if case == "empty prompt":
+        ids, mask = ids[:, :0], mask[:, :0]
+    if bound == "before":
+        drafter.bind_target(target)
+    handle = target.register_forward_pre_hook(lambda *_: pytest.fail("a forward ran before the refusal"))
+    with pytest.raises(ValueError, match=match):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, **settings,
+                        assistant_model=drafter if bound == "before" else drafter.bind_target(target))
+    handle.remove()

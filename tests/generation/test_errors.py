@@ -98,7 +98,7 @@ def test_enable_disable_keep_other_assistants_on_the_stock_path(pair):
     (dict(name="fastest"), "dspark_policy must be one of"),
 ])
 def test_verification_policy_built_directly_is_validated_like_generate_options(settings, match):
-    from hf_dspark.generation.policy import VerificationPolicy
+    from hf_dspark.scheduling.verification_policy import VerificationPolicy
 
     with pytest.raises(ValueError, match=match):
         VerificationPolicy(**{"name": "fixed", "block_size": 4, **settings})
@@ -193,3 +193,69 @@ def test_custom_generate_refuses_bad_decoding_settings_before_any_forward(pair, 
                             drafter=drafter, **settings)
     finally:
         enable(target)
+
+
+def test_the_drafters_own_generation_config_is_there_and_its_knobs_are_refused_at_generate_time():
+    """transformers' assisted tests set `assistant_model.generation_config.num_assistant_tokens`: on a drafter bound
+    to this target the config is there (no "bound to another target"); a knob DSpark would ignore is refused at
+    generate time, naming where it was set; transformers' defaults are accepted."""
+    target = make_target("llama", seed=3)
+    drafter = make_drafter(target)
+    ids, mask = ragged_prompts(2)
+    drafter.generation_config.num_assistant_tokens_schedule = "constant"  # transformers' default: accepted
+    reference = target.generate(ids, attention_mask=mask, max_new_tokens=6)
+    assert torch.equal(reference, target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter))
+    drafter.generation_config.num_assistant_tokens = 2
+    match = (r"assistant_model.generation_config.num_assistant_tokens=2 is not supported .* \(set it back to 20 or "
+             r"drop the assignment\).*dspark_policy='fixed'")
+    with pytest.raises(ValueError, match=match):
+        target.generate(ids, attention_mask=mask, max_new_tokens=6, assistant_model=drafter)
+
+
+def test_an_unbound_drafter_has_no_generation_config_and_says_how_to_bind_it():
+    target = make_target("llama", seed=3)
+    drafter = DSparkDrafter(DSparkConfig.from_target(target.config, block_size=3, target_layer_ids=[0]))
+    with pytest.raises(AttributeError, match=r"not bound to a target.*drafter.bind_target\(target\)"):
+        drafter.generation_config  # noqa: B018
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(AttributeError, match=r"not bound to a target.*drafter.bind_target\(target\)"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=drafter)
+
+
+def test_a_drafter_bound_elsewhere_on_a_target_never_enabled_says_so():
+    """transformers' own loop runs (this target was never enabled): the message says the target is not
+    DSpark-enabled and how to bind the drafter to it, not that the call's target is the drafter's."""
+    target = make_target("llama", seed=3)
+    drafter = make_drafter(target)
+    stranger = make_target("llama", seed=3)
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(AttributeError, match=r"not DSpark-enabled.*bind the drafter to it \(drafter.bind_target"):
+        stranger.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=drafter)
+
+
+def test_a_hybrid_of_an_unbound_drafter_fails_like_the_unbound_drafter():
+    from hf_dspark.proposers import hybrid_for
+
+    target = make_target("llama", seed=3)
+    drafter = DSparkDrafter(DSparkConfig.from_target(target.config, block_size=3, target_layer_ids=[0]))
+    ids, mask = ragged_prompts(1)
+    with pytest.raises(AttributeError, match=r"not bound to a target.*drafter.bind_target\(target\)"):
+        target.generate(ids, attention_mask=mask, max_new_tokens=4, assistant_model=hybrid_for(drafter))
+    with pytest.raises(AttributeError, match="has no attribute 'not_there'"):
+        hybrid_for(drafter).not_there  # noqa: B018
+
+
+@pytest.mark.parametrize("kind", ["prompt lookup", "oracle"])
+def test_model_free_drafters_accept_a_two_layer_target(kind):
+    """A model-free drafter taps no layer, so a target of any depth fits (a DSpark drafter needs 3 layers)."""
+    from hf_dspark.proposers import oracle_for, prompt_lookup_for
+
+    target = make_target("llama", seed=3, num_hidden_layers=2)
+    ids, mask = ragged_prompts(2)
+    reference = target.generate(ids, attention_mask=mask, max_new_tokens=8)
+    drafter = (prompt_lookup_for(target, 3) if kind == "prompt lookup"
+               else oracle_for(target, 3, reference, mask))
+    assert torch.equal(reference, target.generate(ids, attention_mask=mask, max_new_tokens=8,
+                                                  assistant_model=drafter))
+    with pytest.raises(ValueError, match="needs at least 3"):
+        DSparkConfig.from_target(target.config)

@@ -1,8 +1,8 @@
 """Route `target.generate(assistant_model=<DSparkDrafter>)` to the DSpark loop without forking transformers.
 
 `enable(target)` gives that one instance a cached subclass (same class name, so saved configs and reprs are
-unchanged) of three hooks `generate` looks up on the instance; `drafter.bind_target(target)` calls it and
-`disable(target)` restores the original class. `generate` itself is not overridden: in
+unchanged) overriding hooks `generate` looks up on the instance; `drafter.bind_target(target)` calls it and
+`disable(target)` restores the original class. The checks do not live in a `generate` override: in
 `target.generate(..., assistant_model=DSparkDrafter(cfg).bind_target(target))` Python looks `generate` up before
 the argument binds (and enables), so only the hooks `generate` reaches on `self` afterwards can act, and they act
 the same whether the drafter was bound before the call or inside it:
@@ -33,7 +33,7 @@ import functools
 import torch
 
 from ..target.output_cache import continuation_mask
-from .call_checks import check_call, check_prompt_ids
+from .call_checks import check_cache_implementation, check_call, check_prompt_ids
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
@@ -125,6 +125,14 @@ def _dspark_subclass(cls: type) -> type:
     """The DSpark-enabled subclass of the model class `cls`, built once per class (one class object per `cls`, so
     instances enabled apart share it and `type(a) is type(b)` holds as before `enable`)."""
 
+    def generate(self, *args, assistant_model=None, **kwargs):
+        # `cache_implementation="paged"` as a keyword switches the call to continuous batching before any hook below
+        # runs (where transformers refuses every assistant): name DSpark's way there instead. Only for a drafter
+        # bound before the call: bound inside it, transformers' own refusal stands.
+        if is_draft_model(assistant_model) and kwargs.get("cache_implementation") == "paged":
+            check_cache_implementation("paged")
+        return cls.generate(self, *args, assistant_model=assistant_model, **kwargs)
+
     def _prepare_generation_config(self, generation_config, **kwargs):
         # `generate(..., dspark_policy="lagged")`: transformers only copies kwargs naming known GenerationConfig
         # fields and would reject the rest as unused model kwargs, so `dspark_*` options are set on the copy here;
@@ -206,6 +214,7 @@ def _dspark_subclass(cls: type) -> type:
         cls.__name__,
         (cls,),
         {
+            "generate": generate,
             "_prepare_generation_config": _prepare_generation_config,
             "_validate_generation_mode": _validate_generation_mode,
             "_prepare_model_inputs": _prepare_model_inputs,

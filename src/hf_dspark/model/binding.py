@@ -108,14 +108,14 @@ def follow_target_moves(model, drafter) -> None:
 
 # What transformers' own assisted loop reads of its assistant first (`AssistedCandidateGenerator`): a DSpark drafter
 # answers them with `stock_loop_error` where it cannot serve them.
-STOCK_LOOP_READS = ("device", "generation_config", "generate")
+STOCK_LOOP_READS = ("device", "generation_config", "_supports_logits_to_keep", "generate")
 
 
 def stock_loop_error(drafter) -> AttributeError:
     """The error for a DSpark drafter (or a drafter wrapping one: `drafter`) that transformers' own assisted loop
     is about to use, which happens only on a target DSpark is not enabled on: an unbound drafter (never bound, so
     never enabled on any target) is asked for its `generation_config` (a hybrid drafter for its `device`), a bound
-    one for `generate`."""
+    one for what a transformers assistant has and it lacks (`STOCK_LOOP_READS`)."""
     if getattr(drafter, "is_bound", False):
         cause = (
             "the model generating is not DSpark-enabled, so it ran transformers' own assisted loop. The drafter is "
