@@ -61,9 +61,9 @@ def test_the_builtin_heads_and_a_clear_error_for_an_unknown_one(target):
     assert available_heads() == ("markov", "rnn", "none")
     assert get_head("markov").export_name == "vanilla" and get_head("none").module is None
     known = r"choose one of \['markov', 'rnn', 'none'\]"
-    with pytest.raises(ValueError, match=rf"unknown sequential head type 'gru'; {known}"):
+    with pytest.raises(ValueError, match=rf"unknown sequential head_type 'gru'; {known}"):
         DSparkConfig.from_target(target.config, head_type="gru")
-    with pytest.raises(ValueError, match="unknown sequential head type 'gru'"):
+    with pytest.raises(ValueError, match="unknown sequential head_type 'gru'"):
         DSparkTrainConfig(data=["train.jsonl"], head_type="gru")
     with pytest.raises(ValueError, match=r"markov_head_type='gated'; hf-dspark implements \['rnn', 'vanilla'\]"):
         head_from_export("gated", 64, "config.json")
@@ -82,7 +82,7 @@ def test_declared_parameters_are_the_modules_tensors(target, name):
 
 
 def test_a_head_registered_outside_the_package_is_built_exported_and_read_back(target, head_table, tmp_path):
-    with pytest.raises(ValueError, match="unknown sequential head type 'scaled'"):
+    with pytest.raises(ValueError, match="unknown sequential head_type 'scaled'"):
         DSparkConfig.from_target(target.config, head_type="scaled")
     register_head(SCALED)
     with pytest.raises(ValueError, match="already registered"):

@@ -172,7 +172,7 @@ def get_head(name: str) -> HeadSpec:
     """The `HeadSpec` of `head_type` `name`; a `ValueError` listing the registered heads otherwise."""
     if name not in _HEADS:
         raise ValueError(
-            f"unknown sequential head type {name!r}; choose one of {list(_HEADS)} (or register yours with "
+            f"unknown sequential head_type {name!r}; choose one of {list(_HEADS)} (or register yours with "
             "hf_dspark.model.heads.register_head, docs/adding-a-drafter-head.md)."
         )
     return _HEADS[name]
