@@ -19,7 +19,7 @@ import difflib
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from ..scheduling.base import OPTION_PREFIX
@@ -241,9 +241,11 @@ def policy_option_help() -> dict[str, str]:
         texts = _args_help(options_class)
         for item in fields(options_class):
             readers.setdefault(item.name, []).append(repr(policy))
-            described.setdefault(item.name, texts.get(item.name, f"an option of {options_class.__name__}"))
+            default = f"; default {item.default!r}" if item.default not in (None, MISSING) else ""
+            text = texts.get(item.name, f"an option of {options_class.__name__}").rstrip(".")
+            described.setdefault(item.name, f"{text}{default}")
     return {
-        OPTION_PREFIX + name: f"{described[name]} (read by {', '.join(readers[name])})" for name in sorted(described)
+        OPTION_PREFIX + name: f"{described[name]}; read by {', '.join(readers[name])}" for name in sorted(described)
     }
 
 
