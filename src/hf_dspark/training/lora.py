@@ -14,6 +14,8 @@ from pathlib import Path
 from torch import nn
 from transformers.utils import logging
 
+from ..model.heads import HEAD_MODULE
+
 logger = logging.get_logger(__name__)
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -62,7 +64,7 @@ def apply_lora(drafter: nn.Module, config: LoraAdaptConfig | None = None):
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
         target_modules=list(config.target_modules),
-        modules_to_save=["markov_head", "confidence_head"] if config.train_heads else None,
+        modules_to_save=[HEAD_MODULE, "confidence_head"] if config.train_heads else None,
         bias="none",
     )
     model = get_peft_model(drafter, lora)
