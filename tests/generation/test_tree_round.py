@@ -8,7 +8,9 @@ from hf_dspark.generation.drafting import ContextLengths
 from hf_dspark.generation.tree_round import TreeRoundKernel
 from hf_dspark.model.configuration_dspark import DSparkConfig
 from hf_dspark.model.modeling_outputs import DSparkProposal
+from hf_dspark.proposers import hybrid_for
 from hf_dspark.proposers.oracle import OracleDrafter
+from hf_dspark.proposers.scoring import LOOKUP
 from hf_dspark.target.ragged_cache import new_target_cache
 from tests.generation.test_families import FAMILIES, make_family
 from tests.helpers import make_drafter, ragged_prompts
@@ -170,3 +172,30 @@ def test_kernel_refuses_a_one_node_budget():
     with pytest.raises(ValueError, match="≥ 2 nodes"):
         TreeRoundKernel(target, make_drafter(target), None, None, False, budget=1)
     assert new_target_cache(target) is not None
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("kind", ["prompt-lookup", "suffix"])
+def test_hybrid_tree_greedy_matches_plain_generate(batch, kind):
+    """The hybrid's lookup continuation joins the DSpark tree as a branch; both are verified in one forward."""
+    target = make_family("llama")
+    ids, mask = ragged_prompts(batch, seed=batch + 20, min_len=12, max_len=20)
+    ids[:, -6:] = ids[:, -12:-6]  # something to copy
+    hybrid = hybrid_for(make_drafter(target, block_size=4), kind)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=40)
+    reference = target.generate(ids, **kwargs)
+    for _ in range(2):  # the second call also sees the first call's rows (the suffix store)
+        assert torch.equal(reference, target.generate(ids, assistant_model=hybrid, dspark_tree_budget=8, **kwargs))
+    assert hybrid.source_counts[LOOKUP] > 0
+
+
+def test_hybrid_tree_accepts_the_lookup_branch():
+    """A repeated request: the suffix store's continuation is the whole reference, reached through the tree."""
+    target = make_family("llama")
+    ids, mask = ragged_prompts(1, seed=5, min_len=6, max_len=6)
+    hybrid = hybrid_for(make_drafter(target, block_size=4), "suffix")
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=30, dspark_tree_budget=8)
+    reference = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=30)
+    target.generate(ids, assistant_model=hybrid, **kwargs)
+    assert torch.equal(reference, target.generate(ids, assistant_model=hybrid, **kwargs))
+    assert hybrid.last_generation_stats.mean_accepted_length >= 3.0

@@ -31,7 +31,7 @@ from .processors import RowProcessors
 from .state import RowHistories, RowState
 from .stats import DSparkGenerationStats, remember_stats
 from .streaming import CommitStreamer
-from .tree_round import round_kernel
+from .tree_round import round_kernel, verify_block_size
 
 if TYPE_CHECKING:
     from .drafting import DraftModel
@@ -80,7 +80,8 @@ class DSparkLoop:
         kwargs = self.model_kwargs
         out = prefill_target(self.model, self.input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"),
                              kwargs.get("cache"), self.kernel.taps,  # only the tokens a given cache does not hold yet
-                             static=static_plan(self.model, self.config, self.drafter.config.block_size))
+                             static=static_plan(self.model, self.config,
+                                                verify_block_size(self.kernel, self.drafter.config.block_size)))
         valid = out.valid
         self.stats.prefill_tokens = int(valid.sum())
         raw = out.logits

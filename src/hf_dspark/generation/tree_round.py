@@ -108,11 +108,15 @@ class TreeRoundKernel(RoundKernel):
         cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(
             torch.tensor(host_index, dtype=torch.long))
         anchor = batch.anchor if index is None else batch.anchor.index_select(0, index)
-        proposal = propose_tree(
-            self.drafter, anchor, cache, self._budget_for(batch.target_cache), do_sample=self.do_sample,
-            logits_processor=draft_logits_processor(self.processors, sub_rows, sub_hist),
-            sibling_cap=self.sibling_cap,
-        )
+        budget, processing = self._budget_for(batch.target_cache), draft_logits_processor(
+            self.processors, sub_rows, sub_hist)
+        own = getattr(self.drafter, "propose_tree", None)  # a drafter that builds its own trees (the hybrid's)
+        if own is not None:
+            proposal = own(anchor, cache, budget, do_sample=self.do_sample, logits_processor=processing,
+                           sibling_cap=self.sibling_cap, histories=sub_hist)
+        else:
+            proposal = propose_tree(self.drafter, anchor, cache, budget, do_sample=self.do_sample,
+                                    logits_processor=processing, sibling_cap=self.sibling_cap)
         planned = set(range(rows)) if host_index is None else set(host_index)
         gamma = self.drafter.config.block_size
         host_len = [min(gamma, cap[a]) if a in planned else 0 for a in range(rows)]
@@ -146,7 +150,7 @@ class TreeRoundKernel(RoundKernel):
 
 def tree_fallback_reason(target, drafter, processors) -> str | None:
     """Why this call cannot verify trees (None: it can): the drafter, the attention, the logits processing."""
-    if not proposes_trees(drafter):
+    if not (proposes_trees(drafter) or callable(getattr(drafter, "propose_tree", None))):
         return f"the drafter ({type(drafter).__name__}) proposes chains only"
     reason = tree_support(attention_layout(target).implementation)
     if reason is not None:
@@ -154,6 +158,11 @@ def tree_fallback_reason(target, drafter, processors) -> str | None:
     if not processors.is_empty and not processors.history_free:
         return "a logits processor reads each row's token history (repetition penalty, ...), which differs per branch"
     return None
+
+
+def verify_block_size(kernel: RoundKernel, block_size: int) -> int:
+    """The most drafts one verification forward holds (a static cache's slack): γ for chains, N − 1 for trees."""
+    return max(block_size, kernel.budget - 1) if isinstance(kernel, TreeRoundKernel) else block_size
 
 
 def round_kernel(tree_budget: int | None, target, drafter, policy, processors, do_sample: bool,

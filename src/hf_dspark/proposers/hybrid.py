@@ -30,6 +30,8 @@ import torch
 from ..generation.stats import last_generation_stats
 from ..model.binding import STOCK_LOOP_READS, stock_loop_error
 from ..model.modeling_outputs import DSparkProposal
+from ..model.tree_proposal import propose_tree
+from ..ops.tree import TreeProposal, merge_branch
 from ..transfer import upload
 from .lookup import (
     PromptLookupProposer,
@@ -338,6 +340,32 @@ class HybridDrafter:
         self.source_counts[DSPARK] += dspark_rows
         self.source_counts[LOOKUP] += len(planned) - dspark_rows
         return proposal
+
+    @torch.no_grad()
+    def propose_tree(self, anchor_ids: torch.Tensor, cache: HybridCache, budget: int, *, do_sample: bool = False,
+                     logits_processor=None, sibling_cap: int = 4, histories=None) -> TreeProposal:
+        """Tree rounds (`dspark_tree_budget`): the DSpark drafter's tree of budget − γ nodes with each row's lookup
+        continuation joined as one more branch (`ops.tree.merge_branch`: a prefix the two share is one node), at
+        most max(budget, γ + 1) node slots. Both sources are verified, so no row chooses one; the lookup is still
+        scored every round it matches (its lagged scores serve chain rounds and `row_acceptance`)."""
+        if histories is None:
+            raise ValueError("HybridDrafter needs the rows' histories (the DSpark loop passes them)")
+        mirrors, planned = self._plan(cache, histories)
+        gamma, device = self.config.block_size, anchor_ids.device
+        cache.flush()
+        inner = propose_tree(self.drafter, anchor_ids, cache.inner, max(1, budget - gamma), do_sample=do_sample,
+                             logits_processor=logits_processor, sibling_cap=sibling_cap)
+        follows = [follow[:gamma] for _, _, follow in planned]
+        branch = upload(draft_rows([t[-1] for t in mirrors], follows, gamma), device, anchor_ids.dtype)
+        # the lookup rows' chain drafts (`draft_rows`: the continuation, its last token repeated to γ)
+        tree, _ = merge_branch(inner.tree, branch, upload([gamma if f else 0 for f in follows], device))
+        for state in cache.states:
+            state.planned = None
+        self.source_counts[DSPARK] += len(planned)
+        self.source_counts[LOOKUP] += sum(1 for f in follows if f)
+        pad = (0, tree.num_nodes - inner.tree.num_nodes)
+        return TreeProposal(tree, torch.nn.functional.pad(inner.score, pad),
+                            torch.nn.functional.pad(inner.acceptance, pad))
 
     def _lookup_proposal(self, call: HybridRound) -> DSparkProposal:
         """Every row's lookup proposal: one-hot drafts (one non-blocking upload), confidences from the row's
