@@ -1,7 +1,8 @@
 """`check_export`: does a written folder satisfy an engine's loader (interop/contracts.py)?
 
 Applied by the tests to exports of every head / layout / draft-vocabulary combination, and available to users who
-write engine folders by other means. It reads only `config.json` and the safetensors headers.
+write engine folders by other means. It reads `config.json` and the safetensors headers, and with the target (and
+the drafter) the values the engine derives from them (interop/contract_values.py): draft ids, vocabulary rows, taps.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from safetensors import safe_open
 
 from ..model.heads import find_exported_head, get_head
+from .contract_values import value_problems
 from .contracts import SPECULATORS, EngineContract, get_contract
 from .layout_flags import NESTED, declared_layouts, layout_name
 from .layouts import load_json_object
@@ -24,6 +26,12 @@ _LAYER = re.compile(
 )
 BACKBONE = ("fc.weight", "hidden_norm.weight", "norm.weight")
 _TORCH_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "I64": "int64", "BOOL": "bool"}
+# Fields whose engine default differs between versions (or from hf-dspark's): an export spells them out.
+EXPLICIT_LAYER_KEYS = ("rope_theta", "hidden_act")
+# speculators' own save_pretrained writes its model class; its config class defaults to the speculator name.
+SPECULATORS_ARCHITECTURES = (["DSparkSpeculator"], ["DSparkDraftModel"])
+# What speculators' DFlash core reads from transformer_layer_config as attributes (no default in some versions).
+SPECULATORS_LAYER_KEYS = ("sliding_window", "layer_types", "is_causal", *EXPLICIT_LAYER_KEYS)
 
 
 def _headers(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -43,8 +51,15 @@ def _get(raw: dict[str, Any], key: str) -> Any:
     return node
 
 
-def check_export(folder: str | Path, engine: str | EngineContract) -> list[str]:
-    """Every way the folder breaks `engine`'s loading rules (empty: it loads and serves as exported)."""
+def check_export(folder: str | Path, engine: str | EngineContract, target=None, drafter=None) -> list[str]:
+    """Every way the folder breaks `engine`'s loading rules (empty: it loads and serves as exported).
+
+    Args:
+        folder: the export (config.json and safetensors).
+        engine: a registered engine name or contract.
+        target: the target model; when given, `lm_head` / `embed_tokens` must hold its rows at the draft ids.
+        drafter: the drafter exported; when given, the draft ids and the taps the engine resolves must be its own.
+    """
     contract = get_contract(engine)
     folder = Path(folder)
     raw = load_json_object(folder / "config.json")
@@ -55,7 +70,8 @@ def check_export(folder: str | Path, engine: str | EngineContract) -> list[str]:
         shape, problems = _dspark_shape(raw, contract)
     if shape is None:
         return problems
-    return problems + _tensor_problems(tensors, shape, contract)
+    problems += _tensor_problems(tensors, shape, contract)
+    return problems + value_problems(folder, raw, shape, contract, target=target, drafter=drafter)
 
 
 def _layout_problems(raw: dict[str, Any], contract: EngineContract) -> tuple[bool | None, list[str]]:
@@ -86,8 +102,11 @@ def _dspark_shape(raw: dict[str, Any], contract: EngineContract) -> tuple[dict[s
     problems += [f"required config key {k!r} is missing" for k in required if _get(raw, k) is None]
     problems += [f"config key {k!r} must not be written for {contract.title}" for k in contract.forbidden_keys
                  if _get(raw, k) is not None]
-    if not is_dflash and raw.get("enable_confidence_head") and "confidence_head_with_markov" not in raw:
-        problems.append("enable_confidence_head without confidence_head_with_markov (vLLM then assumes false)")
+    if not is_dflash and "confidence_head_with_markov" not in raw:
+        problems.append("confidence_head_with_markov is not written (vLLM assumes false, DeepSpec and speculators "
+                        "true): write it explicitly")
+    problems += [f"{k} is not written (the engines' defaults differ): write it explicitly"
+                 for k in EXPLICIT_LAYER_KEYS if raw.get(k) is None]
     if contract.reads_causality:
         problems += _causal_problems(raw)
     if arch and arch.endswith("DSparkModel") and not anchor_first:
@@ -112,19 +131,27 @@ def _causal_problems(raw: dict[str, Any]) -> list[str]:
     for key, value in (("is_causal", raw.get("is_causal")), (f"{NESTED}.causal", nested.get("causal"))):
         if value is not None:
             return [] if value is False else [f"{key} is {value!r}: the engine would run causal block attention"]
+    problems = [f"neither is_causal nor {NESTED}.causal is written (engine versions differ on the default): write "
+                f"{NESTED}.causal: false"]
     sliding = [i for i, kind in enumerate(raw.get("layer_types") or []) if kind == "sliding_attention"]
     if sliding:
-        return [f"layer_types marks draft layers {sliding} sliding_attention, which the engine runs causal"]
-    return []
+        problems.append(f"layer_types marks draft layers {sliding} sliding_attention, which the engine runs causal")
+    return problems
 
 
 def _speculators_shape(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
     problems = []
-    if raw.get("speculators_model_type") != "dspark" or raw.get("architectures") != ["DSparkSpeculator"]:
-        problems.append("speculators_model_type must be 'dspark' with architectures ['DSparkSpeculator']")
+    if raw.get("speculators_model_type") != "dspark" or raw.get("architectures") not in SPECULATORS_ARCHITECTURES:
+        problems.append("speculators_model_type must be 'dspark' with architectures ['DSparkSpeculator'] (or "
+                        "['DSparkDraftModel'], as speculators' save_pretrained writes)")
     layers = raw.get("transformer_layer_config")
     if not isinstance(layers, dict):
         return None, [*problems, "transformer_layer_config (the draft layers' HF config) is missing"]
+    problems += [f"transformer_layer_config.{k} is not written (speculators reads it as an attribute, vLLM copies "
+                 "it into the draft config): write it explicitly" for k in SPECULATORS_LAYER_KEYS if k not in layers]
+    if layers.get("is_causal") is True or any(t != "full_attention" for t in layers.get("layer_types") or []):
+        problems.append("transformer_layer_config declares causal or sliding draft layers; hf-dspark blocks attend "
+                        "bidirectionally over the full context")
     for key in ("draft_vocab_size", "block_size", "aux_hidden_state_layer_ids", "mask_token_id", "sample_from_anchor",
                 "markov_rank", "markov_head_type", "enable_confidence_head", "confidence_head_with_markov"):
         if raw.get(key) is None:

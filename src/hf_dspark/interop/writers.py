@@ -26,6 +26,9 @@ from .layout_flags import NESTED, layout_fields
 DEEPSPEC_NUM_ANCHORS = 512  # training-only field DeepSpec's model classes require (its configs use 512)
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
 VOCAB_BUFFERS = ("d2t", "t2d")
+# Draft-layer fields a speculators / vLLM loader reads without a default in some version: no sliding window,
+# bidirectional blocks (hf-dspark's draft layers are full attention).
+SPECULATORS_LAYER_DEFAULTS = {"sliding_window": None, "use_sliding_window": False, "is_causal": False}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -115,8 +118,17 @@ def dflash_config(config: DSparkConfig, contract: EngineContract, dtype: torch.d
 def speculators_config(
     config: DSparkConfig, dtype: torch.dtype, verifier_name: str, verifier_architectures: list[str]
 ) -> dict[str, Any]:
-    """`DSparkSpeculatorConfig` as JSON: γ = block_size anchor-first, block_size − 1 with the 1 + N block."""
-    layers = layer_fields(config) | {"dtype": dtype_name(dtype), "num_target_layers": config.num_target_layers}
+    """`DSparkSpeculatorConfig` as JSON: γ = block_size anchor-first, block_size − 1 with the 1 + N block.
+
+    `transformer_layer_config` spells out every field a speculators or vLLM loader reads from it, defaults or not:
+    speculators' DFlash core reads `sliding_window` and `layer_types` as attributes (a `LlamaConfig` has no
+    `sliding_window` of its own), and vLLM copies the dict into the draft's config, where `is_causal` decides the
+    block attention and a missing `rope_theta` defaults to 1e6."""
+    layers = layer_fields(config) | {
+        "dtype": dtype_name(dtype),
+        "num_target_layers": config.num_target_layers,
+        **SPECULATORS_LAYER_DEFAULTS,
+    }
     head = get_head(config.head_type)
     return {
         "speculators_model_type": "dspark",
@@ -126,6 +138,7 @@ def speculators_config(
         "block_size": config.num_block_slots,
         "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],  # hidden_states indices
         "mask_token_id": config.mask_token_id,
+        "target_hidden_size": None,  # the target's hidden size is the drafter's
         "sliding_window_non_causal": False,
         "sample_from_anchor": config.sample_from_anchor,
         "markov_rank": 0 if head.export_name is None else config.markov_rank,
