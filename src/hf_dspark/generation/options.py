@@ -243,6 +243,7 @@ def policy_option_help() -> dict[str, str]:
             readers.setdefault(item.name, []).append(repr(policy))
             default = f"; default {item.default!r}" if item.default not in (None, MISSING) else ""
             text = texts.get(item.name, f"an option of {options_class.__name__}").rstrip(".")
+            text = text.replace(f"`{OPTION_PREFIX}{item.name}`; ", "").replace(f" (`{OPTION_PREFIX}{item.name}`)", "")
             described.setdefault(item.name, f"{text}{default}")
     return {
         OPTION_PREFIX + name: f"{described[name]}; read by {', '.join(readers[name])}" for name in sorted(described)
