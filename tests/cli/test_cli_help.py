@@ -32,8 +32,8 @@ PARSERS = _subcommand_parsers()
 
 
 def test_every_command_is_found():
-    assert set(PARSERS) >= {"demo", "bench speed", "bench serve", "profile", "calibrate", "eval", "export",
-                            "prepare-data", "train"}
+    assert set(PARSERS) >= {"demo", "bench speed", "bench serve", "profile", "calibrate", "eval", "verify",
+                            "export", "prepare-data", "train"}
 
 
 @pytest.mark.parametrize("command", sorted(PARSERS))
@@ -63,5 +63,15 @@ def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     text = capsys.readouterr().out
-    for command in ("demo", "bench", "profile", "calibrate", "eval", "export", "prepare-data", "train"):
+    for command in ("demo", "bench", "profile", "calibrate", "eval", "verify", "export", "prepare-data", "train"):
         assert command in text
+
+
+@pytest.mark.parametrize("command", ["bench speed", "bench serve", "eval", "calibrate", "verify"])
+def test_help_lists_the_shipped_prompt_sets(command, capsys):
+    from hf_dspark.eval.prompts import PROMPT_SETS
+
+    with pytest.raises(SystemExit):
+        main([*command.split(), "--help"])
+    flat = " ".join(capsys.readouterr().out.split())
+    assert all(name in flat for name in PROMPT_SETS) and "hf://datasets/OWNER/NAME" in flat and "--dataset" in flat

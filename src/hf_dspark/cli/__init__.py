@@ -1,9 +1,10 @@
 """`hf-dspark`: a thin command line over the library. Run `hf-dspark <command> --help` for each command.
 
 One module per command group, each with an `add_*_command(subparsers)` that holds its argument definitions:
-`demo`, `bench` (speed, serve), `scheduling` (profile, calibrate), `eval`, `export`, `check_layout`, and `training`
-(prepare-data, train: HfArgumentParser over the config dataclasses). `loaders` holds the target/drafter loaders
-and argument types every command shares; `validation` the checks run before any model is loaded.
+`demo`, `bench` (speed, serve), `scheduling` (profile, calibrate), `eval`, `verify`, `export`, `check_layout`, and
+`training` (prepare-data, train: HfArgumentParser over the config dataclasses). `loaders` holds the target/drafter loaders
+and argument types every command shares; `prompt_sets` the prompt-set options (`--sets`, `--dataset`);
+`validation` the checks run before any model is loaded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .eval import add_eval_command
 from .export import add_export_command
 from .scheduling import add_calibrate_command, add_profile_command
 from .training import PREPARE_DATA_HELP, TRAIN_HELP, run_prepare_data, run_train
+from .verify import add_verify_command
 
 # Commands whose options come from HfArgumentParser over dataclasses; `main` hands them their arguments untouched.
 DELEGATED = {"prepare-data": run_prepare_data, "train": run_train}
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_profile_command(sub)
     add_calibrate_command(sub)
     add_eval_command(sub)
+    add_verify_command(sub)
     add_export_command(sub)
     add_check_layout_command(sub)
     sub.add_parser("prepare-data", help=PREPARE_DATA_HELP, add_help=False)

@@ -18,14 +18,12 @@ from ..ops.calibration import evaluate_calibration, fit_sts
 from ..provenance import result_provenance
 from .acceptance_metrics import (
     DEFAULT_THRESHOLDS,
-    acceptance_rate,
-    accepted_length,
-    conditional_acceptance,
     macro_mean,
     survival_from_logits,
     survival_labels,
     threshold_sweep,
 )
+from .metrics import position_metrics, round_metrics
 
 logger = logging.get_logger(__name__)
 
@@ -49,9 +47,10 @@ def _rounds(records: list[dict]) -> list[list[int]]:
 
 
 def _set_row(records: list[dict]) -> dict:
-    rounds = _rounds(records)
-    return {"tau": accepted_length(rounds), "acceptance_rate": acceptance_rate(rounds), "rounds": len(rounds),
-            "turns": len(records), "new_tokens": sum(r["new_tokens"] for r in records)}
+    metrics = round_metrics(_rounds(records))  # the `accepted_length` evaluate metric
+    return {"tau": metrics["tau"], "tau_without_bonus": metrics["tau_without_bonus"],
+            "acceptance_rate": metrics["acceptance_rate"], "rounds": metrics["rounds"], "turns": len(records),
+            "new_tokens": sum(r["new_tokens"] for r in records)}
 
 
 def _tau_table(plans, sets, work) -> dict:
@@ -79,8 +78,8 @@ def _by_domain(plan, sets, work) -> dict[str, list[dict]]:
 def _position_acceptance(plan, sets, work) -> dict:
     result = {}
     for domain, records in _by_domain(plan, sets, work).items():
-        probs, reached = conditional_acceptance(_rounds(records), plan.verify_len)
-        result[domain] = {"p": probs, "reached": reached}
+        metrics = position_metrics(_rounds(records), plan.verify_len)  # the `position_acceptance` evaluate metric
+        result[domain] = {"p": metrics["conditional_acceptance"], "reached": metrics["reached"]}
     return result
 
 

@@ -105,7 +105,8 @@ def dataset_prompt_file(spec: DatasetSpec) -> Path:
     columns = list(rows.column_names)
     field = spec.field or next((f for f in PROMPT_FIELDS if f in columns), None)
     if field not in columns:
-        raise ValueError(f"{spec.uri}: no column {field or 'among ' + ', '.join(PROMPT_FIELDS)}; this split has "
+        missing = repr(field) if field else "among " + ", ".join(PROMPT_FIELDS)
+        raise ValueError(f"{spec.uri}: no column {missing}; this split has "
                          f"{columns}; name the prompt column, e.g. {HF_DATASET_PREFIX}{spec.path}:{spec.split}:"
                          f"{columns[0] if columns else 'question'}")
     lines = [json.dumps({"turns": _turns(v, spec, field, i)}, ensure_ascii=False) for i, v in enumerate(rows[field])]

@@ -30,3 +30,22 @@ def load_metric(name: str):
     import evaluate
 
     return evaluate.load(metric_path(name))
+
+
+def _columns(rounds) -> dict[str, list[int]]:
+    verify_len, accepted, committed = zip(*rounds) if rounds else ((), (), ())
+    return {"verify_len": list(verify_len), "accepted": list(accepted), "committed": list(committed)}
+
+
+def round_metrics(rounds) -> dict:
+    """The `accepted_length` metric of rounds `[ℓ, m, c]`: tau, tau_without_bonus, acceptance_rate, rounds."""
+    if not rounds:
+        return {"tau": None, "tau_without_bonus": None, "acceptance_rate": None, "rounds": 0}
+    return load_metric("accepted_length").compute(**_columns(rounds))
+
+
+def position_metrics(rounds, block_size: int) -> dict:
+    """The `position_acceptance` metric of rounds `[ℓ, m, c]`: conditional_acceptance and reached, per position."""
+    if not rounds:
+        return {"conditional_acceptance": [None] * block_size, "reached": [0] * block_size}
+    return load_metric("position_acceptance").compute(**_columns(rounds), block_size=block_size)

@@ -2,6 +2,7 @@
 
 import datasets
 import evaluate
+import torch
 
 from hf_dspark.ops.calibration import expected_calibration_error
 
@@ -21,7 +22,7 @@ Returns:
     mean_confidence, mean_outcome: the two averages (their gap is the calibration-in-the-large error).
 Examples:
     >>> metric = evaluate.load(metric_path("calibration_error"))
-    >>> round(metric.compute(confidence=[0.9, 0.9], outcome=[1, 0], n_bins=10)["ece"], 4)
+    >>> metric.compute(confidence=[0.9, 0.9], outcome=[1, 0], n_bins=10)["ece"]
     0.4
 """
 
@@ -39,5 +40,6 @@ class CalibrationError(evaluate.Metric):
 
     def _compute(self, confidence, outcome, n_bins=15):
         count = len(confidence)
-        return {"ece": expected_calibration_error(confidence, outcome, int(n_bins)),
+        pred, label = torch.tensor(confidence, dtype=torch.float64), torch.tensor(outcome, dtype=torch.float64)
+        return {"ece": expected_calibration_error(pred, label, int(n_bins)),
                 "mean_confidence": sum(confidence) / count, "mean_outcome": sum(outcome) / count}
