@@ -3,9 +3,10 @@
 import pytest
 import torch
 
+from hf_dspark.eval.lossless import chi_square_pvalue
 from hf_dspark.eval.prompt_lookup import lookup_continuation
 from hf_dspark.proposers import HybridDrafter, NgramIndex, hybrid_for, prompt_lookup_for, suffix_proposer_for
-from tests.generation.test_sampling_lossless import SETTINGS, _chi_square_pvalue, _exact_joint, _sample_codes
+from tests.generation.test_sampling_lossless import SETTINGS, _exact_joint, _sample_codes
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 
@@ -105,7 +106,7 @@ def test_sampling_matches_target_distribution(sampling_setup, kind, name):
     assert 0.02 < stats.acceptance_rate < 0.98
     if kind == "hybrid":
         assert min(drafter.source_counts) > 0, drafter.source_counts
-    assert _chi_square_pvalue(codes, joint) > 1e-4
+    assert chi_square_pvalue(codes, joint) > 1e-4
 
 
 def test_eval_specs_build_model_free_and_hybrid_drafters(target):
