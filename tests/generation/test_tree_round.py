@@ -199,3 +199,34 @@ def test_hybrid_tree_accepts_the_lookup_branch():
     target.generate(ids, assistant_model=hybrid, **kwargs)
     assert torch.equal(reference, target.generate(ids, assistant_model=hybrid, **kwargs))
     assert hybrid.last_generation_stats.mean_accepted_length >= 3.0
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampling"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_tree_rounds_sync_once(batch, do_sample):
+    """A tree round reads the device once (its packed download; a round verifying nothing adds transformers' mask
+    check): drafting, shaping, the tree forward and the path commit read nothing back."""
+    from transformers import GenerationConfig
+
+    from hf_dspark.diagnostics import COUNTED, SyncCounter
+    from hf_dspark.generation import loop as loop_module
+
+    target = make_family("llama", eos_token_id=None)
+    drafter = make_drafter(target, seed=4)
+    ids, mask = ragged_prompts(batch, seed=batch)
+    options = dict(do_sample=do_sample, max_new_tokens=12, dspark_policy="fixed", dspark_tree_budget=8)
+    if do_sample:
+        options.update(top_k=0, temperature=1.0)
+    drafter.__dict__.pop("_temperature_tensors", None)
+    counter, rounds, step = SyncCounter(target, drafter, ids, mask), [], loop_module.DSparkLoop.step
+
+    def counted_step(loop):
+        before = len(counter.events)
+        step(loop)
+        rounds.append([e for e in counter.events[before:] if e.kind in COUNTED])
+
+    with pytest.MonkeyPatch.context() as patch, counter:
+        patch.setattr(loop_module.DSparkLoop, "step", counted_step)
+        config = GenerationConfig(**options)
+        target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config)
+    assert rounds and max(len(events) for events in rounds) <= 2, [sorted({(e.kind, e.op) for e in r}) for r in rounds]
