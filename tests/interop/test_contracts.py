@@ -64,7 +64,7 @@ def test_export_satisfies_the_contract_or_is_refused(tmp_path, qwen3_target, eng
         assert not out.exists()
         return
     export_drafter(drafter, out, engine=engine, dtype=torch.float32)
-    assert check_export(out, engine) == []
+    assert check_export(out, engine, target=qwen3_target, drafter=drafter) == []  # values too: ids, rows, taps
     raw = json.loads((out / "config.json").read_text())
     arch = raw["architectures"][0]
     if not drafter.config.sample_from_anchor:
@@ -74,6 +74,7 @@ def test_export_satisfies_the_contract_or_is_refused(tmp_path, qwen3_target, eng
     gamma = drafter.config.block_size
     assert f"## Requirement: num_speculative_tokens = γ = {gamma}\n" in readme
     assert f"exactly γ = {gamma} speculative tokens" in readme and "## Sidecars this engine ignores" in readme
+    assert "## Minimum versions" in readme
     loaded = DSparkDrafter.from_pretrained(out, target=qwen3_target)
     assert loaded.config.sample_from_anchor == drafter.config.sample_from_anchor
     dflash = arch == "DFlashDraftModel"

@@ -51,6 +51,14 @@ def _get(raw: dict[str, Any], key: str) -> Any:
     return node
 
 
+def _unwritten(raw: dict[str, Any], key: str) -> bool:
+    """Whether `key` has no explicit value (`rope_theta` also counts inside `rope_parameters`, as transformers 5
+    writes it)."""
+    if key == "rope_theta" and _get(raw, "rope_parameters.rope_theta") is not None:
+        return False
+    return raw.get(key) is None
+
+
 def check_export(folder: str | Path, engine: str | EngineContract, target=None, drafter=None) -> list[str]:
     """Every way the folder breaks `engine`'s loading rules (empty: it loads and serves as exported).
 
@@ -106,7 +114,7 @@ def _dspark_shape(raw: dict[str, Any], contract: EngineContract) -> tuple[dict[s
         problems.append("confidence_head_with_markov is not written (vLLM assumes false, DeepSpec and speculators "
                         "true): write it explicitly")
     problems += [f"{k} is not written (the engines' defaults differ): write it explicitly"
-                 for k in EXPLICIT_LAYER_KEYS if raw.get(k) is None]
+                 for k in EXPLICIT_LAYER_KEYS if _unwritten(raw, k)]
     if contract.reads_causality:
         problems += _causal_problems(raw)
     if arch and arch.endswith("DSparkModel") and not anchor_first:
@@ -148,7 +156,8 @@ def _speculators_shape(raw: dict[str, Any]) -> tuple[dict[str, Any] | None, list
     if not isinstance(layers, dict):
         return None, [*problems, "transformer_layer_config (the draft layers' HF config) is missing"]
     problems += [f"transformer_layer_config.{k} is not written (speculators reads it as an attribute, vLLM copies "
-                 "it into the draft config): write it explicitly" for k in SPECULATORS_LAYER_KEYS if k not in layers]
+                 "it into the draft config): write it explicitly" for k in SPECULATORS_LAYER_KEYS
+                 if (k not in layers if k == "sliding_window" else _unwritten(layers, k))]
     if layers.get("is_causal") is True or any(t != "full_attention" for t in layers.get("layer_types") or []):
         problems.append("transformer_layer_config declares causal or sliding draft layers; hf-dspark blocks attend "
                         "bidirectionally over the full context")
@@ -205,6 +214,8 @@ def _tensor_problems(tensors: dict[str, tuple[tuple[int, ...], str]], shape: dic
     expected = _expected(shape, contract)
     problems = []
     optional = {"embed_tokens.weight"} if contract.embed_tokens == "optional" or shape["dflash"] else set()
+    if contract.config_format == SPECULATORS and shape["draft_vocab"] == shape["vocab"]:
+        optional.add("lm_head.weight")  # speculators' own full-vocabulary saves rebuild it from the verifier
     for name, want in expected.items():
         if name not in tensors:
             if name not in optional:

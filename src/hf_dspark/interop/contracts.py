@@ -73,6 +73,8 @@ class EngineContract:
         gamma_from: where the engine takes γ from (what the launch must set).
         sidecars: what the engine does instead of reading calibration.json / step_curve.json.
         notes: further facts the launch README states.
+        min_versions: the oldest engine versions that serve the export as exported, each with why (the launch
+            README states them; empty: only the commits in `sources` were checked).
     """
 
     name: str
@@ -100,6 +102,7 @@ class EngineContract:
     gamma_from: str = ""
     sidecars: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    min_versions: tuple[str, ...] = field(default_factory=tuple)
 
     def architecture(self, sample_from_anchor: bool) -> str | None:
         """`architectures[0]` this engine loads a drafter of that block layout under (None: not served)."""
@@ -277,6 +280,10 @@ VLLM = register_engine_contract(EngineContract(
     reads_causality=True,
     gamma_from="the launch flag `num_speculative_tokens` (the config's block_size is not read for γ)",
     sidecars=_SIDECARS_VLLM,
+    min_versions=(
+        "vLLM with the DSpark method (`Qwen3DSparkModel`, vllm-project/vllm#47093, merged July 2026); anchor + γ "
+        "masks drafters go to its DFlash method instead.",
+    ),
 ))
 
 SGLANG = register_engine_contract(EngineContract(
@@ -343,6 +350,14 @@ SPECULATORS_CONTRACT = register_engine_contract(EngineContract(
               "--engine vllm (own cost tables, online STS)."),
     notes=("vLLM serves speculators DSpark folders with the vanilla head only, and reads their sample_from_anchor "
            "only from its #48639 on (older versions assume the 1 + N block for every speculators folder).",),
+    min_versions=(
+        "speculators >= 0.7.0 (its first DSpark release: `DSparkSpeculatorConfig`, sample_from_anchor #760, the "
+        "Markov prev-token alignment #806); loading checked with speculators 0.9.0 `SpeculatorModel.from_pretrained`.",
+        "vLLM with vllm-project/vllm#48639 (merged July 2026), which reads a speculators folder's "
+        "sample_from_anchor: older builds (speculators DSpark since #47093) serve every speculators DSpark folder "
+        "as 1 + N, so an anchor-first drafter's drafts are shifted by one position, silently (acceptance "
+        "collapses, no error).",
+    ),
 ))
 
 DEEPSPEC = register_engine_contract(EngineContract(

@@ -93,7 +93,8 @@ def readme(
     target: str = "TARGET",
     dtype: str = "bfloat16",
 ) -> str:
-    """Markdown for an export folder: the γ requirement, launch lines, sidecars, notes and the sources read."""
+    """Markdown for an export folder: the γ requirement, launch lines, sidecars, minimum engine versions, notes and
+    the sources read."""
     contract = get_contract(engine)
     lines = _summary(config, contract, out_name, dtype) + _requirement(config, contract)
     lines += [f"## Launch ({contract.title})", "", *_launch(config, contract, out_name, target), ""]
@@ -112,6 +113,11 @@ def readme(
         f"reads. {contract.sidecars}",
         "",
     ]
+    lines += ["## Minimum versions", ""]
+    if contract.min_versions:
+        lines += [*[f"- {version}" for version in contract.min_versions], ""]
+    else:
+        lines += [f"Checked against the {contract.title} commits below; older versions are untested.", ""]
     if contract.notes:
         lines += ["## Notes", "", *[f"- {note}" for note in contract.notes], ""]
     lines += ["## Checked against", "", *[f"- {source}" for source in contract.sources], ""]
