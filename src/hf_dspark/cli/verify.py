@@ -49,7 +49,8 @@ def _config(args: argparse.Namespace):
         return VerifyConfig(prompts=args.prompts, max_new_tokens=args.max_new_tokens, samples=args.samples,
                             sample_tokens=args.sample_tokens, sample_batch=args.sample_batch,
                             temperature=args.temperature, alpha=args.alpha, power=args.power,
-                            min_accepted=args.min_accepted, quality_samples=args.quality_samples,
+                            min_accepted=args.min_accepted, min_position_samples=args.min_position_samples,
+                            quality_samples=args.quality_samples,
                             quality_max_new_tokens=args.quality_max_new_tokens, policy=args.policy, seed=args.seed)
     except ValueError as error:
         args.parser.error(str(error))
@@ -103,14 +104,16 @@ def add_verify_command(sub) -> None:
                        "uses the first prompt)")
     verify.add_argument("--prompts", type=positive_int, default=8, help="prompts of the greedy and quality checks")
     verify.add_argument("--max-new-tokens", type=positive_int, default=64, help="greedy tokens per prompt")
-    verify.add_argument("--samples", type=positive_int, default=2000, help="sampled continuations per arm")
+    verify.add_argument("--samples", type=positive_int, default=1000, help="sampled continuations per arm")
     verify.add_argument("--sample-tokens", type=positive_int, default=4, help="positions whose law is tested")
-    verify.add_argument("--sample-batch", type=positive_int, default=500, help="rows per sampling generate call")
+    verify.add_argument("--sample-batch", type=positive_int, default=250, help="rows per sampling generate call")
     verify.add_argument("--temperature", type=float, default=1.0, help="sampling check temperature (top-k/p off)")
     verify.add_argument("--alpha", type=probability, default=0.01, help="family-wise significance level")
     verify.add_argument("--power", type=probability, default=0.8, help="power at which the detectable shift is given")
     verify.add_argument("--min-accepted", type=int, default=20,
                         help="accepted drafts below which a check is inconclusive")
+    verify.add_argument("--min-position-samples", type=positive_int, default=100,
+                        help="samples per arm below which a position (given its prefix) is not tested")
     verify.add_argument("--quality-samples", type=int, default=4,
                         help="sampled answers per prompt and arm of the quality check (0 skips it)")
     verify.add_argument("--quality-max-new-tokens", type=positive_int, default=192, help="tokens per answer")

@@ -55,9 +55,9 @@ class VerifyConfig:
 
     prompts: int = 8
     max_new_tokens: int = 64
-    samples: int = 2000
+    samples: int = 1000
     sample_tokens: int = 4
-    sample_batch: int = 500
+    sample_batch: int = 250
     temperature: float = 1.0
     alpha: float = 0.01
     power: float = 0.8
