@@ -230,3 +230,39 @@ def test_tree_rounds_sync_once(batch, do_sample):
         config = GenerationConfig(**options)
         target.generate(ids, attention_mask=mask, assistant_model=drafter, generation_config=config)
     assert rounds and max(len(events) for events in rounds) <= 2, [sorted({(e.kind, e.op) for e in r}) for r in rounds]
+
+
+def test_the_drafter_context_gets_the_accepted_paths_features(monkeypatch):
+    """Every committed token's tapped target features reach the drafter once, in order, as a plain forward over the
+    final sequence computes them, also when the accepted path leaves the argmax chain (a learned drafter whose
+    distributions are the second-best oracle's)."""
+    target = make_family("llama")
+    drafter = make_drafter(target, head_type="none", use_confidence_head=False)
+    ids, mask = ragged_prompts(1, seed=12, min_len=6, max_len=10)
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=30)
+    reference = target.generate(ids, **kwargs)
+    oracle = second_best_oracle(target, 4, reference, mask)
+    oracle.config = drafter.config
+
+    def block_hidden_states(anchor_ids, cache):
+        return oracle.block_hidden_states(anchor_ids, RowContext(torch.tensor(cache.host_lengths), torch.tensor([0])))
+
+    recorded = []
+    extend = drafter.extend_context
+
+    def recording_extend(cache, features, valid, counts=None):
+        recorded.append(features[0][valid[0]])
+        return extend(cache, features, valid, counts=counts)
+
+    monkeypatch.setattr(drafter, "block_hidden_states", block_hidden_states)
+    monkeypatch.setattr(drafter, "lm_logits", oracle.lm_logits)
+    monkeypatch.setattr(drafter, "extend_context", recording_extend)
+    assert torch.equal(reference, target.generate(ids, assistant_model=drafter, dspark_tree_budget=12, **kwargs))
+    assert drafter.last_generation_stats.mean_accepted_length >= 3.0
+    seen = torch.cat(recorded)
+    sequence = reference[:, int((mask == 0).sum()) :]
+    with torch.no_grad():
+        hidden = target(sequence, output_hidden_states=True).hidden_states
+    expected = torch.cat([hidden[i + 1] for i in drafter.config.target_layer_ids], dim=-1)[0]
+    assert seen.shape[0] >= sequence.shape[1] - 8
+    torch.testing.assert_close(seen, expected[: seen.shape[0]], atol=1e-4, rtol=1e-4)
