@@ -360,3 +360,36 @@ def test_cli_export_dtype_and_assume_layout(tmp_path, qwen3_target, capsys):
         cli_main([*conflicting, str(tmp_path / "again")])
     assert cli_main([*conflicting, "--assume-layout", "anchor-first", str(tmp_path / "again")]) == 0
     assert json.loads((tmp_path / "again" / "config.json").read_text())["dflash_config"]["query_zero_predicts_next"]
+
+
+def test_cli_export_into_the_empty_current_folder(tmp_path, qwen3_target, capsys, monkeypatch):
+    qwen3_target.save_pretrained(tmp_path / "target")
+    make_drafter(qwen3_target, mask_token_id=95).save_pretrained(tmp_path / "drafter")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    base = ["export", "--engine", "deepspec", "--drafter", str(tmp_path / "drafter"),
+            "--target", str(tmp_path / "target")]
+    assert cli_main([*base, "."]) == 0  # filled in place: the current folder cannot be renamed
+    assert sorted(p.name for p in (tmp_path / "here").iterdir()) == [
+        "README.md", "calibration.json", "config.json", "model.safetensors"]
+    assert check_export(tmp_path / "here", "deepspec") == [] and detect_layout(tmp_path / "here") == "deepspec"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging folder left beside it
+    with pytest.raises(SystemExit) as info:  # not empty now: refused before anything loads
+        cli_main(["export", "--drafter", str(tmp_path / "drafter"), "--target", str(tmp_path / "no-target"), "."])
+    assert info.value.code == 2 and "--overwrite" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:  # replacing it would rename the current folder: refused up front
+        cli_main(["export", "--drafter", str(tmp_path / "drafter"), "--target", str(tmp_path / "no-target"),
+                  "--overwrite", "."])
+    assert info.value.code == 2 and "is the current folder" in capsys.readouterr().err
+
+
+def test_a_staging_folder_left_inside_an_empty_output_folder_is_removed(tmp_path, qwen3_target, caplog):
+    out = tmp_path / "out"
+    stale = out / ".hf-dspark-export.tmp-999999999-abc"  # no such process
+    stale.mkdir(parents=True)
+    (stale / "config.json").write_text("{}")
+    drafter = make_drafter(qwen3_target, mask_token_id=95)
+    with caplog.at_level(logging.WARNING):
+        export_deepspec(drafter, out, dtype=torch.float32)
+    assert not stale.exists() and "left over from an interrupted export" in caplog.text
+    assert check_export(out, "deepspec") == []

@@ -128,10 +128,11 @@ def run_level(
         rids.append(engine.add_request(prompts[issued % len(prompts)], max_new_tokens=max_new_tokens))
         issued += 1
 
-    while len([r for r in rids if engine.result(r).finished]) < total:
+    finished = {}  # collected with take_finished: the engine releases what it returns
+    while len(finished) < total:
         now = time.perf_counter()
         if arrival_rate is None:
-            in_flight = sum(not engine.result(r).finished for r in rids)
+            in_flight = issued - len(finished)
             while in_flight < concurrency and issued < total:
                 issue()
                 in_flight += 1
@@ -143,8 +144,9 @@ def run_level(
             engine.step()
         elif issued < total:
             time.sleep(max(0.0, min(next_arrival - time.perf_counter(), 0.05)))
+        finished.update((request.request_id, request) for request in engine.take_finished())
     wall = time.perf_counter() - start
-    done = [engine.result(r) for r in rids]
+    done = [finished[r] for r in rids]
     tokens = sum(len(r.generated) for r in done)
     per_user = [len(r.generated) / max(r.finished_at - r.admitted, 1e-9) for r in done]
     budgets = [v for rec in engine.records for v in rec.verify_lens]

@@ -58,13 +58,40 @@ def check_export_folder(
             source = Path(source).resolve()
             if source == out.resolve() or out.resolve() in source.parents:
                 raise FileExistsError(f"{out} holds the input {source}; export to another folder.")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        found = sorted(p.name for p in out.iterdir())
+    found = sorted(p.name for p in _entries(out)) if out.is_dir() else []
+    if found and not overwrite:
         raise FileExistsError(
             f"{out} is not empty ({', '.join(found[:5])}{', ...' if len(found) > 5 else ''}); choose an empty or new "
             "folder, or pass overwrite=True (`--overwrite`) to replace the whole folder."
         )
+    why = _unrenamable(out) if found else None
+    if why:
+        raise FileExistsError(
+            f"{out} {why}, and overwrite replaces a folder by renaming it, which cannot be done to this one; empty it "
+            "first (an empty folder is filled in place) or export into another folder."
+        )
     return out
+
+
+def _unrenamable(out: Path) -> str | None:
+    """Why `out` cannot be renamed away (the current folder, one holding it, a mount point), or None."""
+    place, cwd = out.resolve(), Path.cwd().resolve()
+    if place == cwd or place in cwd.parents:
+        return "is the current folder" if place == cwd else "holds the current folder"
+    return "is a mount point" if os.path.ismount(place) else None
+
+
+STAGING_PREFIX = ".hf-dspark-export.tmp-"  # staging folder inside an empty output folder that is filled in place
+
+
+def _stale(path: Path, pid: str, max_age: float) -> bool:
+    return not pid.isdigit() or not _pid_alive(int(pid)) or time.time() - path.stat().st_mtime > max_age
+
+
+def _entries(folder: Path, max_age: float = 86400.0) -> list[Path]:
+    """What `folder` holds, less the staging folders interrupted exports left in it."""
+    return [p for p in folder.iterdir() if not (p.name.startswith(STAGING_PREFIX) and p.is_dir() and _stale(
+        p, p.name.removeprefix(STAGING_PREFIX).split("-")[0], max_age))]
 
 
 def _pid_alive(pid: int) -> bool:
@@ -82,20 +109,28 @@ def _remove_leftovers(out: Path, max_age: float = 86400.0) -> None:
     folders `.<name>.tmp-<pid>-*`, and a replaced earlier export `.<name>.old-<pid>-*` once `out` is back in
     place. Only folders whose process is gone (or that are older than `max_age` seconds) are touched, so a
     concurrent export's folders stay."""
-    now = time.time()
+    found = []
     for kind in ("tmp", "old"):
         if kind == "old" and not out.is_dir():
             continue  # the old folder may be the only copy of an export whose swap was interrupted
-        for path in out.parent.glob(f".{out.name}.{kind}-*"):
-            pid = path.name.removeprefix(f".{out.name}.{kind}-").split("-")[0]
-            stale = not pid.isdigit() or not _pid_alive(int(pid)) or now - path.stat().st_mtime > max_age
-            if path.is_dir() and stale:
-                shutil.rmtree(path, ignore_errors=True)
-                logger.warning(f"Removed {path}, left over from an interrupted export to {out}.")
+        prefix = f".{out.name}.{kind}-"
+        found += [(p, p.name.removeprefix(prefix).split("-")[0]) for p in out.parent.glob(f"{prefix}*")]
+    if out.is_dir():  # an empty folder filled in place stages inside itself
+        found += [(p, p.name.removeprefix(STAGING_PREFIX).split("-")[0]) for p in out.glob(f"{STAGING_PREFIX}*")]
+    for path, pid in found:
+        if path.is_dir() and _stale(path, pid, max_age):
+            shutil.rmtree(path, ignore_errors=True)
+            logger.warning(f"Removed {path}, left over from an interrupted export to {out}.")
 
 
-def _swap_in(staged: Path, out: Path) -> None:
-    """Move the finished `staged` folder to `out`, replacing `out` (renames only; the old folder goes last)."""
+def _swap_in(staged: Path, out: Path, fill: bool = False) -> None:
+    """Move the finished `staged` folder to `out`, replacing `out` (renames only; the old folder goes last); with
+    `fill`, move its files into the empty folder `out` (the current folder or a mount point cannot be renamed)."""
+    if fill:
+        for entry in staged.iterdir():
+            entry.rename(out / entry.name)
+        staged.rmdir()
+        return
     if not out.exists():
         staged.rename(out)
         return
@@ -177,7 +212,8 @@ def export_drafter(
     DFlash architecture, never a `*DSparkModel` one. A drafter the engine cannot serve as it computes is refused
     with the engine, the reason and the fix before anything is written. `out_dir` must be empty or new unless
     `overwrite` (which replaces the whole folder); the folder is staged beside it and renamed into place, so an
-    interrupted export leaves nothing half-written. Returns the folder.
+    interrupted export leaves nothing half-written (an existing empty folder, such as the current one, is staged in
+    and filled in place). Returns the folder.
     """
     contract = get_contract(engine)
     dtype = _export_dtype(dtype)
@@ -185,16 +221,19 @@ def export_drafter(
     drafter._require_bound()
     check_servable(drafter, contract)
     curve = _step_curve_payload(drafter, step_curve)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_leftovers(out)
-    staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    place = Path(os.path.abspath(out))  # "." and ".." get a name: staging and renames need one
+    place.parent.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(place)
+    fill = place.is_dir() and not _entries(place)
+    where = (place, STAGING_PREFIX) if fill else (place.parent, f".{place.name}.tmp-")
+    staged = Path(tempfile.mkdtemp(prefix=f"{where[1]}{os.getpid()}-", dir=where[0]))
     staged.chmod(0o777 & ~current_umask())  # mkdtemp makes it private; the export is an ordinary folder
     name = target_name or drafter._bound.name_or_path or "TARGET"
     try:
         written = _write_folder(drafter, contract, staged, dtype, curve, out, (name, target_architectures or []))
         text = readme(drafter.config, contract, out_name=str(out), target=name, dtype=dtype_name(dtype))
         (staged / README_FILE).write_text(text)
-        _swap_in(staged, out)
+        _swap_in(staged, place, fill)
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     logger.info(f"Exported the drafter for {contract.title} to {out}: {', '.join([*written, README_FILE])}.")
