@@ -15,8 +15,9 @@ mirrors), the lookup rows' drafts go up in one non-blocking copy, row selections
 loop's host `counts` (`extend_context(..., counts=)`) a DSpark proposal is scored by the drafts the target
 accepted, without reading its drafts back.
 
-One source per row per round (not both): verifying both would need a tree of two branches in the target forward,
-which the ragged verification does not do; the lagged choice gets most of the gain at the cost of one of them.
+One source per row per round (not both) in chain rounds: verifying both needs a tree of two branches in the target
+forward, which tree rounds do (`dspark_tree_budget`: `propose_tree` joins the lookup continuation to the DSpark
+tree); in chain rounds the lagged choice gets most of the gain at the cost of one of them.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ Sliding-window and hybrid targets (Mistral, Gemma 2/3, ...): every layer keeps a
 window is a mask. Each slot's position is tracked, and each verification forward gets 4D masks built from those
 positions: key k is visible to query q when it is valid, pos_k ≤ pos_q and, on sliding layers, pos_q − pos_k <
 window. Plain `generate`'s sliding layers drop the entries these masks hide; hidden entries weigh exactly zero.
+
+Draft trees (`tree_forward`): a forward's new slots may be tree nodes, at positions next + depth, each seeing its
+ancestors among them; `commit_path` moves the accepted path into chain order, so the layout above holds after it.
 """
 
 from __future__ import annotations
