@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from .loaders import add_runtime_arguments, load_drafter, load_target, positive_int
+from .loaders import DRAFTER_SPEC_HELP, add_runtime_arguments, load_drafter, load_target, positive_int
 from .validation import check_drafter_spec, check_nonempty
 
 # The default prompts: chosen on data with benchmarks/demo_prompts.py (the first 6 prompts of gsm8k, humaneval and
@@ -66,7 +66,7 @@ def demo_drafter(target, spec: str, block_size: int = 7):
     """(drafter, description) for `--drafter`: "hybrid" (the default drafter: the shipped DSpark drafter combined
     with prompt lookup, the source chosen per round), "dspark" (the shipped DSpark drafter alone), or a drafter spec
     of `hf-dspark eval` (a trained drafter's folder or Hub id, `hybrid:FOLDER`, `prompt-lookup`, ...)."""
-    from ..proposers import hybrid_for
+    from ..proposers import get_proposer
     from .loaders import load_drafter_spec
 
     if spec not in DEMO_DRAFTERS:
@@ -74,7 +74,7 @@ def demo_drafter(target, spec: str, block_size: int = 7):
     drafter, what = load_drafter(target, None, block_size)  # the shipped DSparkDrafter (or an untrained one)
     if spec == "dspark":
         return drafter, what
-    return hybrid_for(drafter, "prompt-lookup"), (
+    return get_proposer("hybrid").factory(drafter), (
         f"the default drafter: per round, {what} or prompt lookup over the conversation, chosen from what is "
         "already committed (lossless)"
     )
@@ -271,6 +271,8 @@ def speedup_summary(ratios: list[float], accepted_drafts: int, sampled: bool = F
 
 def add_demo_command(sub) -> None:
     """Register `demo` on the top-level subparsers."""
+    from ..proposers import proposers_help
+
     demo = sub.add_parser(
         "demo",
         help="generate answers with the default drafter on the embedded default target",
@@ -297,8 +299,8 @@ def add_demo_command(sub) -> None:
         "--drafter",
         default="hybrid",
         help="hybrid (default: the shipped DSpark drafter or prompt lookup, chosen per round), dspark "
-        "(the shipped DSpark drafter alone), or a drafter spec of `hf-dspark eval`: a trained drafter's "
-        "folder or Hub id, hybrid:FOLDER, prompt-lookup, suffix",
+        f"(the shipped DSpark drafter alone), or a drafter spec: {DRAFTER_SPEC_HELP} (registered: "
+        f"{proposers_help()})",
     )
     add_runtime_arguments(demo, threads=2, dtype_default="float32", dtype_help=DTYPE_HELP)
     demo.add_argument(
