@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from hf_dspark.defaults import load_default_drafter, load_default_target
+from hf_dspark import load_default_drafter, load_default_target
 from hf_dspark.eval.prompts import chat_input_ids, load_prompt_set
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.provenance import processor_kind, result_provenance

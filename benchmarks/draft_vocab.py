@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
+from hf_dspark import DSparkDrafter
 from hf_dspark.defaults import load_default_target
 from hf_dspark.io_utils import write_json_atomic
 from hf_dspark.model.configuration_dspark import DSparkConfig
 from hf_dspark.model.draft_vocab import count_tokens, coverage, select_draft_vocab
-from hf_dspark.model.modeling_dspark import DSparkDrafter
 from hf_dspark.provenance import processor_kind, with_provenance
 from hf_dspark.training.data import build_dataset, load_conversations
 from hf_dspark.training.drafter_init import end_of_turn_ids

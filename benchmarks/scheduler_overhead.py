@@ -57,8 +57,8 @@ def time_auto(rows: int, gamma: int, curve: StepCurve, repeats: int, seed: int, 
 
     draft_ms: the drafter's cost per proposal; 0 makes every round draft, a huge cost every round decode plainly.
     """
-    from hf_dspark.generation.policy import VerificationPolicy
     from hf_dspark.model.modeling_dspark import DSparkProposal
+    from hf_dspark.scheduling.verification_policy import VerificationPolicy
 
     gen = torch.Generator().manual_seed(seed)
     draft_curve = StepCurve([1, 64], [1e3 / max(draft_ms, 1e-6), 1e3 / max(draft_ms, 1e-6)])

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
+from hf_dspark import DSparkDrafter
 from hf_dspark.defaults import DEFAULT_DRAFTER_DIR
 from hf_dspark.model.configuration_dspark import DSparkConfig
-from hf_dspark.model.modeling_dspark import DSparkDrafter
 from hf_dspark.training.data import DSparkDataset, build_dataset, load_conversations
 from hf_dspark.training.lora import LoraAdaptConfig, apply_lora, load_lora_drafter
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingArguments

@@ -142,7 +142,7 @@ def environment(args: argparse.Namespace) -> dict:
 
 def prepare(args: argparse.Namespace, work: Path, results: dict) -> None:
     """Target as safetensors in `work/target`, the converted init in `work/init_qk`."""
-    from hf_dspark.model.modeling_dspark import DSparkDrafter
+    from hf_dspark import DSparkDrafter
     from hf_dspark.training.data import build_dataset, load_conversations
     from hf_dspark.training.drafter_init import convert_drafter, fit_qk_norms, target_batch_runner
 

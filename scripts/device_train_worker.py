@@ -100,8 +100,8 @@ class Status:
 
 def evaluate_drafter(spec: dict, drafter_dir: str, status: Status) -> None:
     """τ of the drafter in `drafter_dir` with an fp32 target, one temperature at a time while time allows."""
+    from hf_dspark import DSparkDrafter
     from hf_dspark.eval.accepted_length import EvalConfig, evaluate
-    from hf_dspark.model.modeling_dspark import DSparkDrafter
 
     status.update(phase="evaluating")
     target, tokenizer = load_target_source(None, spec["target"])

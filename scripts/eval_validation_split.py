@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
+from hf_dspark import DSparkDrafter
 from hf_dspark.io_utils import write_json_atomic
-from hf_dspark.model.modeling_dspark import DSparkDrafter
 from hf_dspark.training.data import DSparkDataset
 from hf_dspark.training.train import DSparkTrainConfig, load_training_target, validation_examples
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingArguments

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
+from hf_dspark import DSparkDrafter
 from hf_dspark.defaults import DEFAULT_TARGET_NAME, default_drafter_dir
 from hf_dspark.interop.hub import add_remote_code, write_model_card
-from hf_dspark.model.modeling_dspark import DSparkDrafter
 
 TRAIN_DATA = "data/train_regenerated/ (smollm2_135m_instruct.jsonl + smollm2_135m_instruct_more.jsonl)"
 HEAD_FLAGS = {"dspark": "--head_type markov", "dflash": "--head_type none --confidence_with_markov false"}

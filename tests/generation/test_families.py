@@ -152,7 +152,7 @@ def test_step_curve_profiling_on_a_sliding_target():
 @pytest.mark.parametrize("name", ["mistral", "gemma3"])
 def test_engine_serves_sliding_targets_like_plain_generate(name):
     """`DSparkEngine` admits requests through the same prefill, so sliding targets work there too."""
-    from hf_dspark.generation.policy import VerificationPolicy
+    from hf_dspark.scheduling.verification_policy import VerificationPolicy
     from hf_dspark.serving.engine import DSparkEngine
 
     target = make_family(name, eos_token_id=None)

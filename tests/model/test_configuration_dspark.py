@@ -97,10 +97,9 @@ def test_greedy_temperatures_fall_back_to_sampling():
 
 def test_the_embedding_output_can_be_tapped():
     """DeepSpec's tap -1 is the embedding output; the drafter then reads hidden_states[0]."""
-    from types import SimpleNamespace
-
+    from hf_dspark import DSparkDrafter
     from hf_dspark.generation.drafting import feature_layers
 
     config = DSparkConfig.from_target(tiny_llama_config(), target_layer_ids=[-1, 1])
     assert config.target_layer_ids == [-1, 1]
-    assert feature_layers(SimpleNamespace(config=config)) == [0, 2]
+    assert feature_layers(DSparkDrafter(config)) == [0, 2]

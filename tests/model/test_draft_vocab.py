@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
+from hf_dspark.eval.lossless import chi_square_pvalue
 from hf_dspark.model.draft_vocab import (
     coverage,
     d2t_from_token_ids,
@@ -16,7 +17,7 @@ from hf_dspark.model.draft_vocab import (
     target_to_draft_index,
     token_ids_from_d2t,
 )
-from tests.generation.test_sampling_lossless import SETTINGS, VOCAB, _chi_square_pvalue, _exact_joint, _sample_codes
+from tests.generation.test_sampling_lossless import SETTINGS, VOCAB, _exact_joint, _sample_codes
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 
@@ -68,7 +69,7 @@ def test_sampling_with_a_draft_vocabulary_matches_the_target_distribution():
     codes = _sample_codes(target, drafter, prompt, SETTINGS["top_p"], seed=3)
     stats = drafter.last_generation_stats
     assert 0.05 < stats.acceptance_rate < 0.95, "the test needs both accepted and rejected drafts"
-    assert _chi_square_pvalue(codes, joint) > 1e-4
+    assert chi_square_pvalue(codes, joint) > 1e-4
 
 
 def test_warpers_run_over_the_draft_vocabulary_with_the_same_distribution():

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from hf_dspark.generation.policy import VerificationPolicy
 from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.proposers import hybrid_for
 from hf_dspark.proposers.hybrid import DSPARK, LOOKUP
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
 from hf_dspark.scheduling.padded import draft_or_decode
+from hf_dspark.scheduling.verification_policy import VerificationPolicy
 from hf_dspark.serving.engine import DSparkEngine
 from tests.generation.test_auto_policy import _assert_row_context
 from tests.helpers import make_drafter, make_target

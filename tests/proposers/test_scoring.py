@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 
-from hf_dspark.generation.policy import VerificationPolicy
 from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.proposers import hybrid_for
 from hf_dspark.proposers.hybrid import HybridRowState
@@ -21,6 +20,7 @@ from hf_dspark.proposers.scoring import (
 )
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker, observed_positions
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
+from hf_dspark.scheduling.verification_policy import VerificationPolicy
 from tests.helpers import make_drafter, make_target
 
 GAMMA = 4

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from hf_dspark.generation.round import RoundRecord
 from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.scheduling import PolicyMemory
 from hf_dspark.scheduling.acceptance import AcceptanceMemory, AcceptanceTracker
 from hf_dspark.scheduling.cost_correction import CostCorrection
 from hf_dspark.scheduling.cost_policy import CostAwarePlanner
+from hf_dspark.scheduling.records import RoundRecord
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 GAMMA = 4

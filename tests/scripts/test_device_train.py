@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_dspark import DSparkDrafter
 from hf_dspark.model.configuration_dspark import DSparkConfig
-from hf_dspark.model.modeling_dspark import DSparkDrafter
 
 sys.path.insert(0, str(Path(__file__).parent / "training"))
 from tiny_helpers import make_byte_tokenizer

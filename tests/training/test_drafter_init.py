@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_helpers import make_tiny_drafter, tokenized_records, write_jsonl
 
-from hf_dspark.model.modeling_dspark import DSparkDrafter
+from hf_dspark import DSparkDrafter
 from hf_dspark.training.collator import DSparkCollator
 from hf_dspark.training.data import build_dataset
 from hf_dspark.training.drafter_init import convert_drafter, fit_qk_norms, target_batch_runner

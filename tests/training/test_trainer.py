@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 from tiny_helpers import make_tiny_drafter, make_tiny_target, tokenized_records, write_jsonl
 
-from hf_dspark.model.modeling_dspark import DSparkDrafter
+from hf_dspark import DSparkDrafter
 from hf_dspark.training.data import build_dataset
 from hf_dspark.training.train import DSparkTrainConfig, parse_train_args, train, validation_examples
 from hf_dspark.training.trainer import DSparkTrainer, DSparkTrainingArguments

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hf_dspark import DSparkDrafter
 from hf_dspark.model.configuration_dspark import DSparkConfig
-from hf_dspark.model.modeling_dspark import DSparkDrafter
 
 
 def tiny_target_config() -> LlamaConfig:

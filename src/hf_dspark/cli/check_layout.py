@@ -35,8 +35,8 @@ def cmd_check_layout(args: argparse.Namespace) -> int:
     """Load the target and drafter, probe both block readings, print the verdict; exit 1 when mislabelled."""
     import torch
 
+    from ..drafter import DSparkDrafter
     from ..interop.probe import probe_layout
-    from ..model.modeling_dspark import DSparkDrafter
 
     check_drafter_path(args.parser, "DRAFTER", args.drafter)
     target, tokenizer = load_target(args.target, "float32", tokenizer=True, device=args.device)

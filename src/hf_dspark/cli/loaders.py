@@ -64,8 +64,8 @@ def load_target(path: str | None, dtype_name: str = "float32", tokenizer: bool =
 
 def untrained_drafter(target, block_size: int):
     """A randomly initialised 2-layer DSpark drafter bound to `target` (smoke runs; ~1 token per round)."""
+    from ..drafter import DSparkDrafter
     from ..model.configuration_dspark import DSparkConfig
-    from ..model.modeling_dspark import DSparkDrafter
 
     config = DSparkConfig.from_target(target.config, block_size=block_size, num_hidden_layers=2, markov_rank=64)
     return DSparkDrafter(config).bind_target(target)
@@ -74,8 +74,7 @@ def untrained_drafter(target, block_size: int):
 def load_drafter(target, path: str | None, block_size: int = 7):
     """(drafter, description): the trained drafter at `path`, the shipped DSpark drafter alone (not the default
     hybrid: the benchmarks build their hybrid around it), or (saying so) an untrained one."""
-    from ..defaults import load_default_drafter
-    from ..model.modeling_dspark import DSparkDrafter
+    from ..drafter import DSparkDrafter, load_default_drafter
 
     if path is not None:
         return DSparkDrafter.from_pretrained(path, target=target), f"drafter {path}"
@@ -88,8 +87,7 @@ def load_drafter(target, path: str | None, block_size: int = 7):
 
 def load_baseline(target, path: str | None):
     """(drafter or None, description): the DFlash-style baseline at `path` or the shipped one, if any."""
-    from ..defaults import load_default_drafter
-    from ..model.modeling_dspark import DSparkDrafter
+    from ..drafter import DSparkDrafter, load_default_drafter
 
     if path is not None:
         return DSparkDrafter.from_pretrained(path, target=target), f"drafter {path}"
@@ -118,7 +116,7 @@ def model_free_spec(target, kind: str, rest: str, path: str):
 def load_drafter_spec(target, path: str):
     """A trained drafter (native, serving-engine or DFlash layout), for `untrained[:γ]` a random one, or a
     model-free / hybrid drafter (`model_free_spec`)."""
-    from ..model.modeling_dspark import DSparkDrafter
+    from ..drafter import DSparkDrafter
 
     kind, _, rest = path.partition(":")
     if kind in MODEL_FREE_SPECS:

@@ -66,8 +66,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     import torch
 
+    from ..drafter import DSparkDrafter
     from ..eval.calibrate import CalibrationRun, check_calibration_out, is_same_folder, run_calibration
-    from ..model.modeling_dspark import DSparkDrafter
 
     args.prompts = resolve_sets(args)
     check_drafter_path(args.parser, "--drafter", args.drafter)

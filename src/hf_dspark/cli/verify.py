@@ -34,7 +34,7 @@ def _prompt_ids(tokenizer, specs: list[str], count: int) -> list:
 
 
 def _load_drafter(target, spec: str):
-    from .. import load_default_drafter
+    from ..drafter import load_default_drafter
     from .loaders import load_drafter_spec
 
     if spec == DEFAULT_DRAFTER:

@@ -23,8 +23,8 @@ from tqdm.auto import tqdm
 from transformers import GenerationConfig
 from transformers.utils import logging
 
+from ..drafter import DSparkDrafter
 from ..io_utils import check_replaceable
-from ..model.modeling_dspark import DSparkDrafter
 from ..profiling.target_steps import cache_root
 from ..provenance import processor_kind
 from .prompt_lookup import prompt_lookup_for

@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from ..generation.policy import VerificationPolicy
 from ..io_utils import check_replaceable, write_json_atomic
 from ..provenance import processor_kind, result_provenance
 from ..scheduling import NO_SPECULATION, PolicyMemory, canonical_policy_name
+from ..scheduling.verification_policy import VerificationPolicy
 from ..serving.engine import DSparkEngine
 
 POLICY_NAMES = (NO_SPECULATION, "fixed1", "fixed", "threshold", "lagged_padded", "auto")

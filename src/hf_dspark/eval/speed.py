@@ -137,7 +137,7 @@ def speed_drafters(config: SpeedConfig, target, drafter=None, baseline=None) -> 
 
     untrained = hybrid = None
     if config.untrained and drafter is not None:
-        from ..model.modeling_dspark import DSparkDrafter
+        from ..drafter import DSparkDrafter
 
         torch.manual_seed(0)
         untrained = DSparkDrafter(drafter.config).eval().bind_target(target)

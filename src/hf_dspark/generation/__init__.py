@@ -3,14 +3,13 @@
 from .candidate_generator import DSparkCandidateGenerator
 from .dispatch import disable, dspark_generate, enable, is_enabled
 from .loop import DSparkLoop, dspark_decoding
-from .policy import VerificationPolicy
-from .stats import DSparkGenerationStats
+from .stats import DSparkGenerateOutput, DSparkGenerationStats
 
 __all__ = [
     "DSparkCandidateGenerator",
+    "DSparkGenerateOutput",
     "DSparkGenerationStats",
     "DSparkLoop",
-    "VerificationPolicy",
     "disable",
     "dspark_decoding",
     "dspark_generate",

@@ -19,7 +19,7 @@ from .drafting import draft_logits_processor
 from .processors import RowProcessors
 
 if TYPE_CHECKING:
-    from ..model.modeling_dspark import DSparkDrafter, DSparkProposal
+    from ..model.modeling_dspark import DSparkModel, DSparkProposal
 
 
 class DSparkCandidateGenerator(CandidateGenerator):
@@ -34,7 +34,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
     requires_model_outputs = False
 
-    def __init__(self, drafter: DSparkDrafter, processors: RowProcessors, do_sample: bool, rows: Sequence[int]):
+    def __init__(self, drafter: DSparkModel, processors: RowProcessors, do_sample: bool, rows: Sequence[int]):
         self.drafter = drafter
         self.processors = processors
         self.do_sample = do_sample
@@ -44,7 +44,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._prefilled = False
 
     @classmethod
-    def for_stock_loop(cls, drafter: DSparkDrafter, logits_processor, do_sample: bool) -> DSparkCandidateGenerator:
+    def for_stock_loop(cls, drafter: DSparkModel, logits_processor, do_sample: bool) -> DSparkCandidateGenerator:
         """A batch-1 generator that transformers' own `_assisted_decoding` can host.
 
         It asks that loop for the tapped hidden states of each target forward (`model_kwargs_overrides`) and skips

@@ -1,75 +1,105 @@
-"""The drafter protocol the round kernel talks to, and a context cache for model-free drafters.
+"""The drafter base class the round kernel talks to (`DraftModel`), and a context cache for model-free drafters.
 
-A drafter is anything with a `config` (`block_size` γ, `vocab_size`, `target_layer_ids`) and three methods:
+A drafter subclasses `DraftModel` and has a `config` (`block_size` γ, `vocab_size`, `target_layer_ids`) and three
+methods:
 
 - `init_cache(batch_size)`: an empty per-row context cache (it must offer `select_rows(index)` and a static
   `concat(caches)`, like `DSparkDraftCache`);
-- `extend_context(cache, features, valid)`: append the committed tokens' tapped target features `[R, n, ·]`
-  (`valid` `[R, n]` marks real entries; `features` is None when the drafter taps no layer). A drafter whose
-  `extend_context` also takes `counts` (each row's valid entries as host ints) gets them from the round kernel,
-  which knows them from its one download per round, and need not read `valid` back from the device;
+- `extend_context(cache, features, valid, counts=None)`: append the committed tokens' tapped target features
+  `[R, n, ·]` (`valid` `[R, n]` marks real entries; `features` is None when the drafter taps no layer); `counts`:
+  each row's valid entries as host ints, which the round kernel knows from its one download per round, so the
+  drafter need not read `valid` back from the device;
 - `propose(anchor_ids, cache, *, do_sample, logits_processor, row_ids, histories)` -> a `DSparkProposal`.
 
-`DSparkDrafter` satisfies it; so do the oracle and prompt-lookup drafters of `hf_dspark.eval`, which are plain
-classes. Optional: `bind_target(target)` / `bound_to(target)` / `is_bound` (checked by `generate`), and
-`draft_curve`, a `StepCurve` of proposals per second against rows (model-free drafters: None, cost ≈ 0), and
-`row_draft_costs(cache, histories)` -> `[R]` each row's share of that curve's per-row cost this round (called before
-the policy plans; a hybrid's lookup rows pay ≈ 0; it may read only the committed context and earlier rounds), and
-`row_acceptance(cache)` -> per row its own forecast of the conditional acceptance of this round's drafts (`[γ]` host
-floats) or None (called after `row_draft_costs`; the same rule on what it may read): `"auto"` plans those rows with
-it instead of the acceptance verification has shown it (a lookup proposal is scored every round, verified or not).
+Its optional capabilities are declared on the class, never probed: `reads_features` (False: `extend_context` gets
+None and the target returns no hidden states), `accepts_host_counts` (False: `extend_context` is called without
+`counts`), `draft_curve` (a `StepCurve` of proposals per second against rows; None for a model-free drafter, whose
+cost ≈ 0), and the two forecasts the "auto" policy reads before it plans, whose defaults say "nothing of its own":
+`row_draft_costs(cache, histories)` -> `[R]` each row's share of that curve's per-row cost this round (a hybrid's
+lookup rows pay ≈ 0) and `row_acceptance(cache)` -> per row its own forecast of the conditional acceptance of this
+round's drafts (`[γ]` host floats) or None. Both may read only the committed context and earlier rounds.
+
+When a `generate` call ends, the loop hands the call's `DSparkGenerationStats` to `record_generation`; the drafter
+keeps it as `last_generation_stats` (the same object is the `dspark_stats` of a `return_dict_in_generate` output).
+
+`hf_dspark.DSparkDrafter` subclasses it next to its network (`hf_dspark.model.modeling_dspark.DSparkModel`); so do
+the model-free drafters (`ModelFreeDrafter`: the oracle, prompt lookup, suffix matching) and the hybrid drafter.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from .processors import RowProcessors
 
+if TYPE_CHECKING:
+    from .stats import DSparkGenerationStats
 
-@runtime_checkable
-class DraftModel(Protocol):
-    """What the round kernel needs from a drafter (see the module docstring). Optional: `reads_features` (default
-    True; False: `extend_context` gets None instead of tapped target features)."""
 
+class DraftModel:
+    """Base of every drafter the DSpark loop runs (see the module docstring): the three methods to implement and
+    the optional capabilities, declared as class attributes with their defaults.
+
+    Attributes:
+        reads_features: the drafter reads the target's tapped hidden states (`config.target_layer_ids`).
+        accepts_host_counts: `extend_context` takes `counts=` (host ints per row).
+        draft_curve: the drafter's cost curve (`StepCurve`), or None to look it up by its weights
+            (`hf_dspark.profiling.draft_steps.load_or_profile_draft_curve`; a drafter without weights costs ≈ 0).
+    """
+
+    reads_features: ClassVar[bool] = True
+    accepts_host_counts: ClassVar[bool] = True
+    draft_curve: Any = None
     config: Any
 
-    def init_cache(self, batch_size: int) -> Any: ...
+    def init_cache(self, batch_size: int) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement init_cache(batch_size).")
 
-    def extend_context(self, cache: Any, target_hidden: torch.Tensor | None, valid: torch.Tensor) -> None: ...
+    def extend_context(self, cache: Any, target_hidden: torch.Tensor | None, valid: torch.Tensor,
+                       counts: Sequence[int] | None = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement extend_context(cache, features, valid).")
 
-    def propose(self, anchor_ids: torch.Tensor, cache: Any, **kwargs: Any) -> Any: ...
+    def propose(self, anchor_ids: torch.Tensor, cache: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement propose(anchor_ids, cache, ...).")
+
+    def row_draft_costs(self, cache: Any, histories: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """`[R]` each row's share of the drafter's per-row cost this round; None: one share each."""
+        return None
+
+    def row_acceptance(self, cache: Any) -> list[list[float] | None] | None:
+        """Per row, the drafter's own forecast of this round's conditional acceptance (`[γ]`), or None."""
+        return None
+
+    def record_generation(self, stats: DSparkGenerationStats) -> None:
+        """Keep the statistics of the `generate` call that just ended (`last_generation_stats`)."""
+        vars(self)["_last_generation_stats"] = stats
+
+    @property
+    def last_generation_stats(self) -> DSparkGenerationStats | None:
+        """`DSparkGenerationStats` of the last DSpark `generate` call with this drafter (None before the first)."""
+        return vars(self).get("_last_generation_stats")
 
 
 def is_draft_model(obj: Any) -> bool:
-    """True when `obj` follows the `DraftModel` protocol (a DSpark drafter, the oracle, prompt lookup...)."""
+    """True when `obj` is a `DraftModel` with a γ (a DSpark drafter, the oracle, prompt lookup, a hybrid...)."""
     return isinstance(obj, DraftModel) and hasattr(getattr(obj, "config", None), "block_size")
 
 
 def feature_layers(drafter: DraftModel) -> list[int]:
     """`output_hidden_states` indices the drafter reads (layer i's output is hidden_states[i + 1]); none for a
     drafter whose `reads_features` is False (model-free drafters: the target then returns no hidden states)."""
-    if not getattr(drafter, "reads_features", True):
+    if not drafter.reads_features:
         return []
     return [i + 1 for i in (getattr(drafter.config, "target_layer_ids", None) or [])]
 
 
-def takes_host_counts(drafter: DraftModel) -> bool:
-    """Whether `drafter.extend_context` accepts `counts` (host ints per row; see the module docstring)."""
-    try:
-        return "counts" in inspect.signature(drafter.extend_context).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def extend_drafter_context(drafter: DraftModel, cache: Any, features: torch.Tensor | None, valid: torch.Tensor,
                            counts: Sequence[int] | None, takes_counts: bool) -> None:
-    """`drafter.extend_context`, with the host `counts` when the drafter takes them (`takes_host_counts`)."""
+    """`drafter.extend_context`, with the host `counts` when the drafter takes them (`accepts_host_counts`)."""
     if takes_counts and counts is not None:
         drafter.extend_context(cache, features, valid, counts=list(counts))
     else:
@@ -136,7 +166,7 @@ class ContextLengths:
         return ContextLengths(torch.cat([c.lengths for c in caches]))
 
 
-class ModelFreeDrafter:
+class ModelFreeDrafter(DraftModel):
     """Base of drafters without a network (oracle, prompt lookup): a `DSparkConfig`-like `config`, a
     `ContextLengths` cache that only counts committed tokens, no cost curve (`draft_curve = None`) and no target
     features (`reads_features = False`: the target's forwards skip the hidden states).
@@ -159,13 +189,6 @@ class ModelFreeDrafter:
         """Count the committed tokens: `counts` host ints per row when the caller knows them, else `valid`'s."""
         host = valid.sum(dim=1).to("cpu") if counts is None else torch.tensor(list(counts), dtype=torch.long)
         cache.advance(host)
-
-    @property
-    def last_generation_stats(self):
-        """Statistics of the last DSpark `generate` call with this drafter (None before the first)."""
-        from .stats import last_generation_stats
-
-        return last_generation_stats(self)
 
     def one_hot(self, drafts: torch.Tensor, wanted: bool) -> torch.Tensor | None:
         """One-hot draft distributions `[R, γ, V]` when `wanted` (sampling), else None (a scatter: no range check

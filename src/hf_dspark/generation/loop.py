@@ -29,7 +29,7 @@ from .policy import policy_from_options
 from .prefill import prefill_target
 from .processors import RowProcessors
 from .state import RowHistories, RowState
-from .stats import DSparkGenerationStats, remember_stats
+from .stats import DSparkGenerateOutput, DSparkGenerationStats
 from .streaming import CommitStreamer
 from .tree_round import round_kernel, verify_block_size
 
@@ -121,6 +121,8 @@ class DSparkLoop:
             self.batch.rows = []
 
     def run(self):
+        """Prefill, rounds until every row finished, then the statistics to the drafter (`record_generation`):
+        the sequences, or with `return_dict_in_generate` a `DSparkGenerateOutput` whose `dspark_stats` they are."""
         self.prefill()
         # the config switched and the packed linear forwards installed once for every verification forward
         with packed_gqa_config(self.model), installed_linears(self.kernel.packs):
@@ -128,13 +130,14 @@ class DSparkLoop:
                 self.step()
         self.stats.compactions = self.batch.target_cache.compactions
         self.stats.max_cache_width = self.batch.target_cache.max_width
-        remember_stats(self.drafter, self.stats)
+        self.drafter.record_generation(self.stats)
         self.streaming.end()
         sequences = self.rows.sequences()
         if not self.config.return_dict_in_generate:
             return sequences
-        return dict_output(self.model, self.config, self.rows, self.processors, sequences,
-                           self.model_kwargs.get("attention_mask"))
+        output = dict_output(self.model, self.config, self.rows, self.processors, sequences,
+                             self.model_kwargs.get("attention_mask"))
+        return DSparkGenerateOutput.with_stats(output, self.stats)
 
 
 def dspark_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,

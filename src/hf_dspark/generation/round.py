@@ -7,7 +7,8 @@ that do not draft only queue their features (`RoundBatch.pending`); the queue re
 `extend_context` call before its next proposal (or once `max_pending` slots wait), so a run of plain-decoding
 rounds pays one drafter context update instead of one per round, and the drafter sees the same context (up to
 floating-point rounding: one batched projection instead of several).
-Observers (`RoundObserver.on_round`) receive a `RoundRecord` per round; nothing is written onto the drafter.
+Observers (`RoundObserver.on_round`) receive a `RoundRecord` per round (both in `hf_dspark.scheduling.records`, so
+the policies read rounds without importing the loop); nothing is written onto the drafter.
 
 Host and device: budgets, ℓ_r, keep lists and histories' bookkeeping are host ints. What the host needs from the
 device (accepted counts, next tokens, drafts) comes down in one packed copy per round (`transfer.download`);
@@ -20,57 +21,23 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from ..ops.functional import greedy_token_ids
 from ..ops.verification import VerificationResult, verify_greedy, verify_sampling
-from ..scheduling.cost_policy import DraftPlan
+from ..scheduling.records import DraftPlan, RoundObserver, RoundRecord
+from ..scheduling.verification_policy import VerificationPolicy
 from ..target.packed_linear import PackedLinears
 from ..target.ragged_cache import RaggedTargetCache
 from ..transfer import download, upload
-from .drafting import draft_logits_processor, extend_drafter_context, feature_layers, takes_host_counts
-from .policy import ScheduleRecord, VerificationPolicy
+from .drafting import draft_logits_processor, extend_drafter_context, feature_layers
 from .processors import RowProcessors
 
 # (tokens to commit per active row, processed scores [A, T, V], raw logits [A, T, V]: row a's tokens were chosen at
 # its first len(tokens[a]) positions) -> how many each row kept
 CommitFn = Callable[[list[list[int]], torch.Tensor, torch.Tensor], list[int]]
-
-
-@dataclass
-class RoundRecord:
-    """What one round did. Lists are per active row, in `rows` order.
-
-    rows: the caller's row ids (batch index in `generate`, request id in the engine); verify_len: ℓ_r; accepted:
-    drafts verification accepted; committed: tokens actually kept (EOS / budgets may cut); drafted: rows that ran
-    the drafter (0: a plain-decoding round); probe: the round refreshed the "auto" policy's estimates;
-    schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (logit(c_k) for drafters
-    that give only calibrated c_k; NaN for rows that did not draft) or None (also when no observer wants them:
-    `RoundObserver`); *_seconds: wall time of the policy's decisions, the drafter (with its queued context
-    update), and the target forward with verification and commit.
-    """
-
-    rows: list[Any]
-    verify_len: list[int]
-    accepted: list[int]
-    committed: list[int]
-    drafted: int
-    probe: bool = False
-    schedule: ScheduleRecord = field(default_factory=ScheduleRecord)
-    confidence_logits: torch.Tensor | None = None
-    policy_seconds: float = 0.0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-
-
-class RoundObserver(Protocol):
-    """Receives every round's `RoundRecord`. Optional: `wants_confidence_logits` (default True); when no observer
-    wants them, records carry no `confidence_logits` (the rounds then skip converting the drafter's
-    confidences)."""
-
-    def on_round(self, record: RoundRecord) -> None: ...
 
 
 @dataclass
@@ -125,11 +92,11 @@ class RoundBatch:
 
     def flush(self, drafter, takes_counts: bool | None = None) -> None:
         """Give the queued context updates to `drafter` in one `extend_context` call (padding is skipped), with
-        the host counts when it takes them (`drafting.takes_host_counts`)."""
+        the host counts when it takes them (`DraftModel.accepts_host_counts`)."""
         if not self.pending:
             return
         if takes_counts is None:
-            takes_counts = takes_host_counts(drafter)
+            takes_counts = drafter.accepts_host_counts
         if len(self.pending) == 1:
             merged, valid, counts = self.pending[0]
         else:
@@ -203,7 +170,7 @@ class RoundKernel:
         self.observers = list(observers)
         self.max_pending = max_pending
         self.taps = feature_layers(drafter) if drafter is not None else []
-        self.takes_counts = drafter is not None and takes_host_counts(drafter)
+        self.takes_counts = drafter is not None and drafter.accepts_host_counts
         self.wants_confidence = any(getattr(o, "wants_confidence_logits", True) for o in self.observers)
 
     def start(self, rows: list[Any], anchor: torch.Tensor, target_cache: RaggedTargetCache,
@@ -224,10 +191,8 @@ class RoundKernel:
         if self.drafter is None:
             plan = DraftPlan(rows=torch.zeros(0, dtype=torch.long))
         else:  # a drafter whose rows cost differently (a hybrid's lookup rows) says so before the plan
-            row_costs = getattr(self.drafter, "row_draft_costs", None)
-            shares = None if row_costs is None else row_costs(batch.draft_cache, histories)
-            row_acceptance = getattr(self.drafter, "row_acceptance", None)
-            acceptance = None if row_acceptance is None else row_acceptance(batch.draft_cache)
+            shares = self.drafter.row_draft_costs(batch.draft_cache, histories)  # None: every row costs alike
+            acceptance = self.drafter.row_acceptance(batch.draft_cache)  # None: no forecast of its own
             plan = self.policy.plan(batch.rows, cap, shares, acceptance)
         planned = time.perf_counter()
         drafts, draft_probs, host_len, record = self._draft(batch, histories, cap, plan)

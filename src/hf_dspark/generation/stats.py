@@ -1,35 +1,38 @@
-"""Statistics of one DSpark `generate` call, reachable afterwards as `drafter.last_generation_stats`.
+"""Statistics of one DSpark `generate` call, and the `return_dict_in_generate` output that carries them.
 
-`DSparkGenerationStats` is a round observer (`on_round`). The loop files the finished statistics under the drafter
-in a weak registry (`remember_stats`); `last_generation_stats(drafter)` reads it, and so does the drafters'
-`last_generation_stats` property: nothing is set on the drafter object.
+`DSparkGenerationStats` is a round observer (`on_round`). When the call ends, the loop returns them with its output
+(`DSparkGenerateOutput.dspark_stats`) and hands them to the drafter (`DraftModel.record_generation`), which keeps
+them as `drafter.last_generation_stats`.
 """
 
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from ..scheduling.records import ScheduleRecord, resolve_schedules
-
-if TYPE_CHECKING:
-    from .round import RoundRecord
-
-_LAST_STATS: weakref.WeakKeyDictionary[Any, DSparkGenerationStats] = weakref.WeakKeyDictionary()
+from ..scheduling.records import RoundRecord, ScheduleRecord, resolve_schedules
 
 
-def remember_stats(drafter: Any, stats: DSparkGenerationStats) -> None:
-    """File `stats` as the drafter's last generation (a weak reference to the drafter; nothing set on it)."""
-    _LAST_STATS[drafter] = stats
+@dataclass
+class DSparkGenerateOutput(GenerateDecoderOnlyOutput):
+    """The output of a DSpark `generate(..., return_dict_in_generate=True)` call: plain `generate`'s fields, field
+    by field, and the call's `DSparkGenerationStats` as the attribute `dspark_stats`.
 
+    `dspark_stats` is no dataclass field (a `ModelOutput`'s fields are its keys): the keys, `to_tuple()` and
+    integer indexing stay exactly those of plain `generate`'s `GenerateDecoderOnlyOutput`.
+    """
 
-def last_generation_stats(drafter: Any) -> DSparkGenerationStats | None:
-    """Statistics of the last DSpark `generate` call made with `drafter` (None before the first)."""
-    return _LAST_STATS.get(drafter)
+    dspark_stats = None  # set per output by `with_stats`; unannotated, so it is no field
+
+    @classmethod
+    def with_stats(cls, output: GenerateDecoderOnlyOutput, stats: DSparkGenerationStats) -> DSparkGenerateOutput:
+        """`output`'s fields, with `stats` as `dspark_stats`."""
+        result = cls(**output)
+        result.dspark_stats = stats
+        return result
 
 
 @dataclass

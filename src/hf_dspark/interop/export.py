@@ -259,7 +259,8 @@ def export_from_paths(
 ) -> Path:
     """CLI body: check the output folder, load the target (the embedded default when `target_path` is None) and the
     drafter in float32, then export in `dtype`."""
-    from ..model.modeling_dspark import DSparkDrafter
+    from ..model.modeling_dspark import DSparkModel
+    from .loading import load_drafter
 
     check_export_folder(out_dir, overwrite, keep=(drafter_path, target_path))
     get_contract(engine)
@@ -274,7 +275,7 @@ def export_from_paths(
 
         hub = resolve_model_source(target_path, what="target")
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32, **hub).eval()
-    drafter = DSparkDrafter.from_pretrained(drafter_path, target=target, assume_layout=assume_layout)
+    drafter = load_drafter(DSparkModel, drafter_path, target=target, assume_layout=assume_layout)
     return export_drafter(drafter, out_dir, engine=engine, dtype=dtype, step_curve=step_curve,
                           target_name=target_path, target_architectures=list(target.config.architectures or []),
                           overwrite=overwrite)

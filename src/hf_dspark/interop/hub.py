@@ -1,8 +1,9 @@
 """Hub-ready native folders: `save_pretrained` + remote-code entry point + a generated model card.
 
 `auto_map` in a config must name `<file>.<Class>` with the file inside the repo (transformers splits the reference
-once on "."), so a package path such as `hf_dspark.model.modeling_dspark.DSparkDrafter` cannot be used. The folder gets
-a small `hf_dspark_auto.py` that subclasses the installed package's classes; with `pip install hf-dspark`,
+once on "."), so a package path such as `hf_dspark.DSparkDrafter` cannot be used. The folder gets a small
+`hf_dspark_auto.py` that subclasses the installed package's public classes (`from hf_dspark import DSparkConfig,
+DSparkDrafter`: never an internal module path, which may move); with `pip install hf-dspark`,
 `AutoModel.from_pretrained(repo, trust_remote_code=True)` then loads the drafter offline, and in a process that
 already ran `import hf_dspark` the registered local classes are used without remote code. The implementation is
 never copied into the repo: the file fails with transformers' "requires the following packages ... hf_dspark"
@@ -19,6 +20,8 @@ from typing import Any
 from huggingface_hub import ModelCard, ModelCardData
 from transformers.utils import logging
 
+from ..model.heads import get_head
+
 logger = logging.get_logger(__name__)
 
 REMOTE_CODE_FILE = "hf_dspark_auto.py"
@@ -32,8 +35,8 @@ The DSpark drafter is implemented in the hf-dspark package (`pip install hf-dspa
 classes so that `AutoModel.from_pretrained(<this repo>, trust_remote_code=True)` works. Nothing else runs here.
 """
 
-from hf_dspark.model.configuration_dspark import DSparkConfig as _DSparkConfig
-from hf_dspark.model.modeling_dspark import DSparkDrafter as _DSparkDrafter
+from hf_dspark import DSparkConfig as _DSparkConfig
+from hf_dspark import DSparkDrafter as _DSparkDrafter
 
 
 class DSparkConfig(_DSparkConfig):
@@ -71,8 +74,7 @@ def _tau_table(tau: dict[str, Any] | None) -> str:
 
 
 def _architecture(config) -> str:
-    head = {"markov": f"Markov head (rank {config.markov_rank})", "rnn": f"RNN head (rank {config.markov_rank})",
-            "none": "no sequential head (DFlash-style parallel drafter)"}[config.head_type]
+    head = get_head(config.head_type).card.format(rank=config.markov_rank)
     convention = "anchor-first (DSpark)" if config.sample_from_anchor else "anchor + γ masks (DFlash)"
     return "\n".join([
         f"- {config.num_hidden_layers} drafter layers shaped like the target's (`{config.target_model_type}`: hidden "

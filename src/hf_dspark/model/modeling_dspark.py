@@ -1,4 +1,11 @@
-"""DSparkDrafter: context projection (Eq. 2), KV injection (Eq. 3), semi-autoregressive proposal (Eqs. 4-7)."""
+"""DSparkModel, the drafter network: context projection (Eq. 2), KV injection (Eq. 3), semi-autoregressive proposal
+(Eqs. 4-7).
+
+This is the network alone: its forward, `propose`, caches, the target's shared embedding and LM head
+(`bind_target`), and transformers' native `from_pretrained` / `save_pretrained`. The public drafter,
+`hf_dspark.DSparkDrafter` (`hf_dspark/drafter.py`), subclasses it with what needs the layers above: loading other
+layouts, the Hub remote-code shim on save, routing the target's `generate`, and the last call's statistics.
+"""
 
 from __future__ import annotations
 
@@ -23,12 +30,11 @@ from .draft_vocab import (
     target_to_draft_index,
     token_ids_from_d2t,
 )
-from .drafter_hooks import HOOKS
 from .heads import ConfidenceHead, MarkovHead, build_sequential_head
 from .layers import DSparkDecoderLayer, DSparkRMSNorm, DSparkRope
 from .modeling_outputs import DraftLogitsProcessor, DSparkDrafterOutput, DSparkProposal
 
-__all__ = ["DSparkDrafter", "DSparkDrafterOutput", "DSparkPreTrainedModel", "DSparkProposal", "DraftLogitsProcessor"]
+__all__ = ["DSparkDrafterOutput", "DSparkModel", "DSparkPreTrainedModel", "DSparkProposal", "DraftLogitsProcessor"]
 
 logger = logging.get_logger(__name__)
 
@@ -62,7 +68,7 @@ class DSparkPreTrainedModel(PreTrainedModel):
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, DSparkDrafter) and module.mask_embedding is not None:
+        if isinstance(module, DSparkModel) and module.mask_embedding is not None:
             nn.init.normal_(module.mask_embedding, std=self.config.initializer_range)
 
 
@@ -78,8 +84,12 @@ def generating_model(target: nn.Module) -> nn.Module:
         target = inner
 
 
-class DSparkDrafter(DSparkPreTrainedModel):
-    """The DSpark drafter. Bind it to its target with `bind_target` (or `from_pretrained(path, target=...)`)."""
+class DSparkModel(DSparkPreTrainedModel):
+    """The DSpark drafter network. Bind it to its target with `bind_target` (or `from_pretrained(path, target=...)`).
+
+    `hf_dspark.DSparkDrafter` is this network as the package ships it (what `generate(assistant_model=...)` takes);
+    code that only needs the network checks `isinstance(drafter, DSparkModel)`.
+    """
 
     def __init__(self, config: DSparkConfig) -> None:
         super().__init__(config)
@@ -102,27 +112,24 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
     # ------------------------------------------------------------------ binding
     def save_pretrained(self, save_directory, *args: Any, **kwargs: Any):
-        """`PreTrainedModel.save_pretrained` (safetensors, no target embedding/LM head), plus `auto_map` and the
-        small remote-code shim so `AutoModel.from_pretrained(folder, trust_remote_code=True)` works on the Hub."""
-        check_folder_path(save_directory, "save_pretrained")  # transformers only logs it, then returns
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        if kwargs.get("is_main_process", True):
-            HOOKS.get("add_remote_code")(save_directory)
-        return result
+        """`PreTrainedModel.save_pretrained` (safetensors, no target embedding/LM head); refuses a path that is a
+        file, which transformers only logs."""
+        check_folder_path(save_directory, "save_pretrained")
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: Any, *args: Any, target: nn.Module | None = None, **kw):
-        """Load a drafter (native, or the serving-engine / DFlash layouts via `hf_dspark.interop`) and bind it."""
-        return HOOKS.get("load_drafter")(cls, pretrained_model_name_or_path, *args, target=target, **kw)
+        """transformers' `from_pretrained` of a native folder, then `bind_target(target)` when one is given."""
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kw)
+        return model if target is None else model.bind_target(target)
 
-    def bind_target(self, target: PreTrainedModel) -> DSparkDrafter:
-        """Share the target's frozen embedding and LM head; move to its device and dtype; enable DSpark generate."""
+    def bind_target(self, target: PreTrainedModel) -> DSparkModel:
+        """Share the target's frozen embedding and LM head; move to its device and dtype."""
         target = generating_model(target)
         validate_target_shape(self.config, target)
         embed, lm_head = target.get_input_embeddings(), target.get_output_embeddings()
         self._bound = _BoundTarget(embed, lm_head, id(target), str(getattr(target, "name_or_path", "")))
         self.to(device=embed.weight.device, dtype=embed.weight.dtype)
-        HOOKS.get("enable_generate")(target)
         return self
 
     @property
@@ -131,11 +138,6 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
     def bound_to(self, target: nn.Module) -> bool:
         return self._bound is not None and self._bound.target_id == id(generating_model(target))
-
-    @property
-    def last_generation_stats(self):
-        """`DSparkGenerationStats` of the last DSpark `generate` call with this drafter (None before the first)."""
-        return HOOKS.get("last_generation_stats")(self)
 
     def __getattr__(self, name: str) -> Any:
         if name == "generation_config" and self._bound is not None:
@@ -150,8 +152,9 @@ class DSparkDrafter(DSparkPreTrainedModel):
     def _require_bound(self) -> _BoundTarget:
         if self._bound is None:
             raise RuntimeError(
-                "This DSparkDrafter is not bound to a target model: it shares the target's embedding and LM head. "
-                "Call drafter.bind_target(target) or load with DSparkDrafter.from_pretrained(path, target=target)."
+                f"This {type(self).__name__} is not bound to a target model: it shares the target's embedding and LM "
+                f"head. Call drafter.bind_target(target) or load with {type(self).__name__}.from_pretrained(path, "
+                "target=target)."
             )
         return self._bound
 
@@ -186,7 +189,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return self._draft_head[1], self._draft_head[2]
 
     @torch.no_grad()
-    def restrict_draft_vocab(self, token_ids: torch.Tensor | list[int]) -> DSparkDrafter:
+    def restrict_draft_vocab(self, token_ids: torch.Tensor | list[int]) -> DSparkModel:
         """Draft only over `token_ids` (target ids): keeps those rows of the Markov `W2`, sets `d2t` / `t2d` and
         `config.draft_vocab_size`. Works from the full vocabulary or from a larger draft vocabulary containing them.
         """

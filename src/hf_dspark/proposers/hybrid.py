@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..generation.stats import last_generation_stats
+from ..generation.drafting import DraftModel
 from ..model.binding import STOCK_LOOP_READS, stock_loop_error
 from ..model.modeling_outputs import DSparkProposal
 from ..model.tree_proposal import propose_tree
@@ -138,7 +138,7 @@ class HybridRound:
         return type(proc)(proc.processors, rows, [self.histories[i] for i in index])
 
 
-class HybridDrafter:
+class HybridDrafter(DraftModel):
     """A `DraftModel` combining a DSpark drafter and a lookup proposer (`PromptLookupProposer` or `SuffixProposer`).
 
     Args:
@@ -219,10 +219,6 @@ class HybridDrafter:
         if name in STOCK_LOOP_READS and "drafter" in vars(self):
             raise stock_loop_error(self.drafter)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    @property
-    def last_generation_stats(self):
-        return last_generation_stats(self)
 
     def init_cache(self, batch_size: int, capacity: int = 64) -> HybridCache:
         matches = self.proposer.init_cache(batch_size).states

@@ -29,18 +29,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from .acceptance import AcceptanceMemory, AcceptanceTracker, host_array
 from .padded import host_draft_or_decode, padded_verify_seconds
-from .records import DraftPlan
-
-if TYPE_CHECKING:
-    from ..generation.round import RoundRecord
-
+from .records import DraftPlan, RoundRecord
 
 _NO_ROWS = torch.zeros(0, dtype=torch.long)  # a plan without drafting rows (read only)
 

@@ -1,10 +1,12 @@
-"""Record types shared by the scheduling policies and the generation loop (no imports from either; `expectation`,
-the τ̂ function, is a leaf)."""
+"""Record types shared by the scheduling policies and the decoding loops (no imports from either; `expectation`,
+the τ̂ function, is a leaf): what a policy expected (`ScheduleRecord`), what it planned (`DraftPlan`), what it is
+built from (`PolicySettings`) and what a round did (`RoundRecord`, given to every `RoundObserver`). A policy
+decides from these records only; the loops that fill them sit above."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -108,12 +110,11 @@ class DraftPlan:
 
 @dataclass
 class PolicySettings:
-    """Everything a policy is built from; resolved before construction (no profiling or look-up in a policy).
+    """What every policy is built from; resolved before construction (no profiling or look-up in a policy). A
+    policy's own settings (e.g. `"fixed"`'s ℓ) are its `options_class` (`hf_dspark.scheduling.base.PolicyOptions`).
 
     Args:
         block_size: γ, the drafter's draft tokens per round.
-        verify_len: ℓ of `"fixed"` (None: γ).
-        threshold: survival threshold of `"threshold"`.
         step_curve: SPS(B) of the target (a `StepCurve`), for the load-aware policies.
         draft_curve: the drafter's proposals per second against rows (a `StepCurve`), for `"auto"`.
         greedy: the decoding mode of the requests (`not do_sample`).
@@ -123,11 +124,43 @@ class PolicySettings:
     """
 
     block_size: int = 4
-    verify_len: int | None = None
-    threshold: float = 0.5
     step_curve: Any = None
     draft_curve: Any = None
     greedy: bool = True
     measured_costs: bool = True
     acceptance_prior: list[float] | None = None
     memory: Any = None
+
+
+@dataclass
+class RoundRecord:
+    """What one decoding round did. Lists are per active row, in `rows` order.
+
+    rows: the caller's row ids (batch index in `generate`, request id in the engine); verify_len: ℓ_r; accepted:
+    drafts verification accepted; committed: tokens actually kept (EOS / budgets may cut); drafted: rows that ran
+    the drafter (0: a plain-decoding round); probe: the round refreshed the "auto" policy's estimates;
+    schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (logit(c_k) for drafters
+    that give only calibrated c_k; NaN for rows that did not draft) or None (also when no observer wants them:
+    `RoundObserver`); *_seconds: wall time of the policy's decisions, the drafter (with its queued context
+    update), and the target forward with verification and commit.
+    """
+
+    rows: list[Any]
+    verify_len: list[int]
+    accepted: list[int]
+    committed: list[int]
+    drafted: int
+    probe: bool = False
+    schedule: ScheduleRecord = field(default_factory=ScheduleRecord)
+    confidence_logits: torch.Tensor | None = None
+    policy_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+
+
+class RoundObserver(Protocol):
+    """Receives every round's `RoundRecord`. Optional: `wants_confidence_logits` (default True); when no observer
+    wants them, records carry no `confidence_logits` (the rounds then skip converting the drafter's
+    confidences)."""
+
+    def on_round(self, record: RoundRecord) -> None: ...

@@ -21,9 +21,9 @@ import torch
 from torch import nn
 from transformers.utils import logging
 
+from ..drafter import DSparkDrafter
 from ..model.configuration_dspark import DSparkConfig
 from ..model.draft_vocab import count_tokens, coverage, select_draft_vocab
-from ..model.modeling_dspark import DSparkDrafter
 from .collator import DSparkCollator
 from .features import compute_target_features
 

@@ -21,9 +21,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, TrainerCallback, set_seed
 from transformers.utils import logging
 
+from ..drafter import DSparkDrafter
 from ..interop.sources import resolve_model_source
 from ..model.configuration_dspark import HEAD_TYPES
-from ..model.modeling_dspark import DSparkDrafter
 from .checkpoints import (
     check_output_dir,
     check_resume_config,

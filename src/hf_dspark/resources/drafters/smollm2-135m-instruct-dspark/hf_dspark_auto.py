@@ -4,8 +4,8 @@ The DSpark drafter is implemented in the hf-dspark package (`pip install hf-dspa
 classes so that `AutoModel.from_pretrained(<this repo>, trust_remote_code=True)` works. Nothing else runs here.
 """
 
-from hf_dspark.model.configuration_dspark import DSparkConfig as _DSparkConfig
-from hf_dspark.model.modeling_dspark import DSparkDrafter as _DSparkDrafter
+from hf_dspark import DSparkConfig as _DSparkConfig
+from hf_dspark import DSparkDrafter as _DSparkDrafter
 
 
 class DSparkConfig(_DSparkConfig):
