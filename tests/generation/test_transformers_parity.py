@@ -202,7 +202,7 @@ def test_assisted_decoding_with_logits_to_keep(name):
 @pytest.mark.parametrize("name", ["llama", "qwen3", "mistral", "gemma3"])
 def test_generate_with_static_cache(name):
     """Port of `test_generate_with_static_cache`, assisted: with `cache_implementation="static"` the returned cache
-    is a `StaticCache` of plain's shapes (full-attention layers: prompt + max_new_tokens slots), and the output is
+    is a `StaticCache` of plain's shapes (full-attention layers: prompt + max_new_tokens - 1 slots), and the output is
     plain dynamic-cache `generate`'s. Upstream also runs float16: greedy identity is an fp32 property
     (docs/generation.md), so this runs float32 only."""
     target = make_family(name)
@@ -223,8 +223,8 @@ def test_generate_with_static_cache(name):
     assert len(assisted.cache.layers) == len(plain_static.cache.layers) == config.num_hidden_layers
     for ours, theirs in zip(assisted.cache.layers, plain_static.cache.layers):
         assert type(ours) is type(theirs) and ours.keys.shape == theirs.keys.shape
-    if name != "mistral":  # sliding layers hold a window; the others prompt + max_new_tokens slots
-        full_shape = (2, config.num_key_value_heads, ids.shape[1] + 20, config.head_dim)
+    if name != "mistral":  # sliding layers hold a window; the others prompt + max_new_tokens - 1 slots
+        full_shape = (2, config.num_key_value_heads, ids.shape[1] + 20 - 1, config.head_dim)  # the last token has none
         assert full_shape in [tuple(layer.keys.shape) for layer in assisted.cache.layers]
 
 

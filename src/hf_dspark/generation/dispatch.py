@@ -32,7 +32,7 @@ import functools
 
 import torch
 
-from ..target.output_cache import continuation_mask
+from ..target.output_cache import CallCache, returned_cache
 from .call_checks import check_cache_implementation, check_call, check_prompt_ids
 from .candidate_generator import DSparkCandidateGenerator
 from .drafting import DraftModel, is_draft_model
@@ -61,41 +61,28 @@ def _without_observers(model, generation_config):
     return shallow, observers
 
 
-def _callers_cache(model_kwargs) -> tuple[object | None, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """(the cache object the caller passed, copies of the keys and values it already holds per layer), or
-    (None, []) when transformers made the cache. The loop may use and drop rows of the caller's object in place."""
+def _call_cache(model, model_kwargs, generation_config) -> CallCache | None:
+    """The call's cache object, taken before the loop runs, to be left as plain `generate` leaves it
+    (`output_cache.CallCache`): the caller's `generate(..., cache=c)` always; the one `generate` built for the call
+    (a fresh `DynamicCache` where it built none) only when the output returns it (`return_dict_in_generate`); None
+    with `use_cache=False`."""
+    if generation_config.use_cache is False:
+        return None
     cache = model_kwargs.get("cache")
-    if cache is None or not getattr(cache, "_is_user_defined", False):
-        return None, []
-    if not cache.get_seq_length():
-        return cache, []
-    return cache, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+    if getattr(cache, "_is_user_defined", False) or generation_config.return_dict_in_generate:
+        return returned_cache(model, cache)
+    return None
 
 
-def _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_mask):
-    """Leave the cache object the caller passed (`generate(..., cache=c)`) as plain `generate` leaves it: the
-    prefix it held, then the keys and values of every later position but the last of each returned sequence, so a
-    later call can continue from it. `c` is reset, given its prefix back and extended by one target forward over
-    the new positions (on top of that prefix, positions from the mask as plain decoding's). Returns `output`, whose
-    returned cache is then `c` itself, as plain's is."""
-    if cache is None or generation_config.use_cache is False:
+def _fill_call_cache(model, output, call_cache: CallCache | None, input_ids, model_kwargs):
+    """`output` (the sequences, or plain's output class) once the call's cache object is filled
+    (`CallCache.fill`: as plain `generate` leaves it, so a later call can continue from it); a dict output returns
+    that object, as plain's does. `input_ids` / `model_kwargs`: the prompt and the inputs `generate` prepared."""
+    if call_cache is None:
         return output
     sequences = output if isinstance(output, torch.Tensor) else output.sequences
-    cached = prefix[0][0].shape[2] if prefix else 0
-    mask = continuation_mask(prompt_mask, sequences)[:, :-1]
-    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate's prepare_inputs does
-    cache.reset()
-    for index, (keys, values) in enumerate(prefix):
-        cache.update(keys, values, index)
-    with torch.no_grad():
-        model(
-            input_ids=sequences[:, cached:-1],
-            attention_mask=mask,
-            position_ids=positions[:, cached:],
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+    cache = call_cache.fill(model, sequences, input_ids.shape[1], model_kwargs.get("attention_mask"),
+                            model_kwargs.get("position_ids"))
     if not isinstance(output, torch.Tensor):
         output.cache = cache
     return output
@@ -103,9 +90,9 @@ def _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_
 
 def _run_dspark(model, input_ids, logits_processor, stopping_criteria, generation_config, streamer, drafter,
                 model_kwargs, options: DSparkGenerationOptions):
-    """`dspark_decoding` with the call's parsed `options`, then the caller's cache object filled as plain
-    `generate` fills it."""
-    (cache, prefix), prompt_mask = _callers_cache(model_kwargs), model_kwargs.get("attention_mask")
+    """`dspark_decoding` with the call's parsed `options`, then the call's cache object filled as plain `generate`
+    fills it."""
+    call_cache = _call_cache(model, model_kwargs, generation_config)
     output = dspark_decoding(
         model,
         input_ids,
@@ -117,7 +104,7 @@ def _run_dspark(model, input_ids, logits_processor, stopping_criteria, generatio
         options=options,
         **model_kwargs,
     )
-    return _fill_callers_cache(model, output, generation_config, cache, prefix, prompt_mask)
+    return _fill_call_cache(model, output, call_cache, input_ids, model_kwargs)
 
 
 @functools.cache
