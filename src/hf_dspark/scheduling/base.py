@@ -113,6 +113,10 @@ class BasePolicy:
     uses_capacity_survival: ClassVar[bool] = False
     """`schedule` forwards `capacity_survival` (earlier survivals) to `rule`."""
 
+    planner: Any = None
+    """The cost model a row-planning policy plans with (`auto`'s `CostAwarePlanner`, set by its constructor), for
+    inspection; None for the others."""
+
     rule: ClassVar[Any] = None
     """Optional: the policy's pure function `rule(survival, step_curve, **options) -> [R]`, for stateless use
     through `schedule` (benchmarks)."""
