@@ -97,35 +97,29 @@ def load_baseline(target, path: str | None):
         return None, "nothing (no baseline ships in this installation; the method is skipped)"
 
 
-MODEL_FREE_SPECS = ("prompt-lookup", "suffix", "hybrid", "hybrid-suffix")
+DRAFTER_SPEC_HELP = (
+    "a drafter folder or Hub id, `untrained[:γ]` (a random DSpark drafter, for smoke runs), or a registered "
+    "proposer: `NAME[:γ]` (model-free) or `NAME:DRAFTER` (built around a DSpark drafter spec); "
+    "hf_dspark.proposers.available_proposers() lists them"
+)
 
 
-def model_free_spec(target, kind: str, rest: str, path: str):
-    """`prompt-lookup[:γ]` / `suffix[:γ]` (γ default 7), or `hybrid:DRAFTER` / `hybrid-suffix:DRAFTER` (a drafter
-    spec, e.g. a folder or `untrained:7`, combined with prompt lookup or the suffix proposer)."""
-    from ..proposers import hybrid_for, prompt_lookup_for, suffix_proposer_for
-
-    if kind in ("hybrid", "hybrid-suffix"):
-        drafter = hybrid_for(load_drafter_spec(target, rest), "suffix" if kind == "hybrid-suffix" else "prompt-lookup")
-    else:
-        drafter = (prompt_lookup_for if kind == "prompt-lookup" else suffix_proposer_for)(target, int(rest or 7))
-    drafter.eval_source = path
-    return drafter
-
-
-def load_drafter_spec(target, path: str):
-    """A trained drafter (native, serving-engine or DFlash layout), for `untrained[:γ]` a random one, or a
-    model-free / hybrid drafter (`model_free_spec`)."""
+def load_drafter_spec(target, spec: str):
+    """The drafter `spec` names, bound to `target`: a registered proposer (`NAME[:γ]` / `NAME:DRAFTER`,
+    `hf_dspark.proposers.build_proposer`), `untrained[:γ]` (a random DSpark drafter) or a trained drafter (native,
+    serving-engine or DFlash layout). Its `eval_source` is `spec`."""
     from ..drafter import DSparkDrafter
+    from ..proposers import build_proposer, split_proposer_spec
 
-    kind, _, rest = path.partition(":")
-    if kind in MODEL_FREE_SPECS:
-        return model_free_spec(target, kind, rest, path)
-    if path == "untrained" or path.startswith("untrained:"):
-        drafter = untrained_drafter(target, int(path.partition(":")[2] or 7))
+    if split_proposer_spec(spec) is not None:
+        drafter = build_proposer(target, spec, lambda inner: load_drafter_spec(target, inner))
+        drafter.eval_source = spec
+        return drafter
+    if spec == "untrained" or spec.startswith("untrained:"):
+        drafter = untrained_drafter(target, int(spec.partition(":")[2] or 7))
     else:
-        drafter = DSparkDrafter.from_pretrained(path, target=target)
-    drafter.eval_source = path
+        drafter = DSparkDrafter.from_pretrained(spec, target=target)
+    drafter.eval_source = spec
     return drafter.eval()
 
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..io_utils import check_replaceable, write_json_atomic
 from ..provenance import processor_kind, result_provenance
-from ..scheduling import NO_SPECULATION, PolicyMemory, canonical_policy_name
+from ..scheduling import NO_SPECULATION, PolicyMemory, available_policies, canonical_policy_name, get_policy
 from ..scheduling.verification_policy import VerificationPolicy
 from ..serving.engine import DSparkEngine
 
@@ -34,11 +34,12 @@ class ServeConfig:
     concurrency: client counts C to measure.
     policies: subset of none | fixed1 (ℓ = 1, MTP-1-like) | fixed (ℓ = γ) | threshold | lagged_padded (the
         lagged-capacity rule under the padded batch's cost; the old spelling "scheduler" is deprecated) | auto
-        (cost-aware: the drafter's cost counted, plain-decoding rounds when drafting does not pay; the default).
+        (cost-aware: the drafter's cost counted, plain-decoding rounds when drafting does not pay; the default), or
+        any other registered policy (`hf_dspark.scheduling.available_policies()`).
     requests_per_level: finished requests per (policy, C) (at least C).
     max_new_tokens: tokens per request.
     arrival_rate: requests/s for Poisson arrivals instead of closed-loop clients (None = closed loop).
-    threshold: survival threshold of the `threshold` policy.
+    threshold: survival threshold of the `threshold` policy (None: the policy's default).
     threads: torch threads (pinned).
     repeats: interleaved passes over the policies at each C (each pass serves `requests_per_level` requests per
         policy); a (policy, C) result is the median over passes and its ratio to plain the median of the per-pass
@@ -54,7 +55,7 @@ class ServeConfig:
     requests_per_level: int = 16
     max_new_tokens: int = 48
     arrival_rate: float | None = None
-    threshold: float = 0.5
+    threshold: float | None = None
     threads: int = 2
     repeats: int = 1
     seed: int = 0
@@ -63,9 +64,10 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         self.policies = [p if p in ("fixed1",) else canonical_policy_name(p) for p in self.policies]
-        unknown = [p for p in self.policies if p not in POLICY_NAMES]
+        choices = (NO_SPECULATION, "fixed1", *available_policies())
+        unknown = [p for p in self.policies if p not in choices]
         if unknown:
-            raise ValueError(f"unknown policies {unknown}; choose from {POLICY_NAMES}")
+            raise ValueError(f"unknown policies {unknown}; choose from {list(choices)}")
         if any(c < 1 for c in self.concurrency) or self.requests_per_level < 1 or self.repeats < 1:
             raise ValueError("concurrency levels, requests_per_level and repeats must be >= 1")
         check_replaceable(self.out, SERVE_REPORT_KEYS, "an hf-dspark bench serve report", self.overwrite)
@@ -75,38 +77,32 @@ def make_policy(
     name: str,
     block_size: int,
     step_curve,
-    threshold: float,
+    threshold: float | None,
     draft_curve=None,
     memory_key=None,
     greedy: bool = True,
     acceptance_prior: list[float] | None = None,
     memory: PolicyMemory | None = None,
 ) -> VerificationPolicy | str:
-    """The engine policy for a benchmark name. "auto" keeps its pooled acceptance in `memory` (one per benchmark
-    run), so load levels after the first start from what earlier levels observed, like a long-running server;
-    None starts every level from nothing. It starts from the held-out acceptance of `memory_key` (the drafter) for
-    the decoding mode (`greedy`) unless `acceptance_prior` gives other rates."""
+    """The engine policy for a benchmark name: a registered policy, or `fixed1` (`fixed` at ℓ = 1). A policy that
+    learns (`auto`) keeps its pooled acceptance in `memory` (one per benchmark run), so load levels after the first
+    start from what earlier levels observed, like a long-running server; None starts every level from nothing. It
+    starts from the held-out acceptance of `memory_key` (the drafter) for the decoding mode (`greedy`) unless
+    `acceptance_prior` gives other rates."""
     if name == NO_SPECULATION:
         return NO_SPECULATION
-    if name == "fixed1":
-        return VerificationPolicy("fixed", block_size=block_size, verify_len=1)
-    if name == "fixed":
-        return VerificationPolicy("fixed", block_size=block_size)
-    if name == "threshold":
-        return VerificationPolicy("threshold", block_size=block_size, threshold=threshold)
-    if name == "auto":
-        return VerificationPolicy(
-            "auto",
-            block_size=block_size,
-            step_curve=step_curve,
-            draft_curve=draft_curve,
-            memory_key=memory_key,
-            greedy=greedy,
-            acceptance_prior=acceptance_prior,
-            memory=memory,
-        )
-    # The engine pads rows to 1 + max ℓ_r, so the scheduler uses the padded-cost lagged rule (README, Scheduling).
-    return VerificationPolicy("lagged_padded", block_size=block_size, step_curve=step_curve)
+    return VerificationPolicy(
+        _policy_of(name),
+        block_size=block_size,
+        verify_len=1 if name == "fixed1" else None,
+        threshold=threshold,
+        step_curve=step_curve,
+        draft_curve=draft_curve,
+        memory_key=memory_key,
+        greedy=greedy,
+        acceptance_prior=acceptance_prior,
+        memory=memory,
+    )
 
 
 def run_level(
@@ -166,14 +162,20 @@ def run_level(
     }
 
 
+def _policy_of(name: str) -> str:
+    """The registered policy behind a benchmark name (`fixed1` is `fixed` at ℓ = 1)."""
+    return "fixed" if name == "fixed1" else name
+
+
 def _curves(config: ServeConfig, target, drafter, step_curve, draft_curve):
     """The target's SPS(B) and the drafter's cost curve, looked up (or profiled once) when a policy needs them."""
     from ..profiling.draft_steps import load_or_profile_draft_curve
     from ..profiling.target_steps import load_or_profile_step_curve
 
-    if step_curve is None and {"lagged_padded", "auto"} & set(config.policies):
+    classes = [get_policy(_policy_of(name)) for name in config.policies if name != NO_SPECULATION]
+    if step_curve is None and any(cls.needs_step_curve for cls in classes):
         step_curve = load_or_profile_step_curve(target, threads=config.threads)
-    if draft_curve is None and "auto" in config.policies:
+    if draft_curve is None and any(cls.needs_draft_curve for cls in classes):
         draft_curve = load_or_profile_draft_curve(drafter, threads=config.threads)
     return step_curve, draft_curve
 

@@ -23,7 +23,7 @@ from transformers.utils import logging
 
 from ..drafter import DSparkDrafter
 from ..interop.sources import resolve_model_source
-from ..model.configuration_dspark import HEAD_TYPES
+from ..model.heads import available_heads, get_head
 from .checkpoints import (
     check_output_dir,
     check_resume_config,
@@ -113,7 +113,8 @@ class DSparkTrainConfig:
     num_hidden_layers: int = field(default=2, metadata={"help": "Decoder layers of a fresh drafter."})
     head_type: str = field(
         default="markov",
-        metadata={"help": "Sequential head of a fresh drafter: markov (Eq. 5), rnn (Eq. 6) or none (DFlash-style)."},
+        metadata={"help": f"Sequential head of a fresh drafter, one of {', '.join(available_heads())} (markov: Eq. 5, "
+                          "rnn: Eq. 6, none: DFlash-style; hf_dspark.model.heads.register_head adds more)."},
     )
     markov_rank: int = field(
         default=64,
@@ -178,8 +179,7 @@ class DSparkTrainConfig:
             raise ValueError("data is empty; pass regenerated JSONL files, e.g. data/train_regenerated.")
         if self.target_dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"target_dtype must be float32, bfloat16 or float16, got {self.target_dtype!r}.")
-        if self.head_type not in HEAD_TYPES:
-            raise ValueError(f"head_type must be one of {HEAD_TYPES}, got {self.head_type!r}.")
+        get_head(self.head_type)  # an unknown head type raises, listing the registered ones
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}.")
         if self.qk_norm_init not in QK_NORM_INITS:
