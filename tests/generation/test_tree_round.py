@@ -266,3 +266,25 @@ def test_the_drafter_context_gets_the_accepted_paths_features(monkeypatch):
     expected = torch.cat([hidden[i + 1] for i in drafter.config.target_layer_ids], dim=-1)[0]
     assert seen.shape[0] >= sequence.shape[1] - 8
     torch.testing.assert_close(seen, expected[: seen.shape[0]], atol=1e-4, rtol=1e-4)
+
+
+def test_an_attention_kernel_without_4d_masks_verifies_chains(caplog):
+    """flex attention takes a block mask, not a tree's 4D mask: detected before the first round, said once."""
+    from transformers.utils import logging as hf_logging
+
+    from hf_dspark.generation.processors import RowProcessors
+    from hf_dspark.generation.round import RoundKernel
+    from hf_dspark.generation.tree_round import round_kernel
+
+    target = make_family("llama", attn_implementation="flex_attention")
+    drafter = make_drafter(target)
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            kernel = round_kernel(8, target, drafter, None, RowProcessors(None, 1), False)
+    finally:
+        hf_logging.disable_propagation()
+    assert type(kernel) is RoundKernel
+    assert any("flex_attention" in r.getMessage() and "sdpa" in r.getMessage() for r in caplog.records)
+    eager = make_family("llama", attn_implementation="eager")
+    assert type(round_kernel(8, eager, make_drafter(eager), None, RowProcessors(None, 1), False)) is TreeRoundKernel
