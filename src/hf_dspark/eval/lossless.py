@@ -18,12 +18,6 @@ import torch
 
 
 # ----------------------------------------------------------------------------------------------- greedy identity
-def generate_pair(target, drafter, input_ids: torch.Tensor, **kwargs):
-    """(plain `generate`, `generate(..., assistant_model=drafter)`) on the same inputs and options."""
-    reference = target.generate(input_ids, **kwargs)
-    return reference, target.generate(input_ids, assistant_model=drafter, **kwargs)
-
-
 def first_divergence(reference: torch.Tensor, output: torch.Tensor) -> int | None:
     """First index t with reference[t] != output[t] of two 1-D token sequences (a length difference counts as a
     difference at the shorter length); None when they are equal."""
