@@ -252,6 +252,22 @@ def test_prepare_data_refuses_an_input_file_without_prompts(content, prompt_file
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b'{"turns": ["fine"]}\n{"turns": ["a lone \\ud800 surrogate"]}\n', ":2 holds text that is not valid Unicode"),
+        (b'{"turns": ["not \xed\xa0\x80 UTF-8"]}\n', "is not UTF-8 text"),
+    ],
+    ids=["surrogate-escape", "surrogate-bytes"],
+)
+def test_prepare_data_refuses_a_prompt_file_that_is_not_unicode_text(content, expected, tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(content)
+    err = _usage_error(["prepare-data", "--inputs", str(bad), "--output_dir", str(tmp_path / "out")], capsys)
+    assert err.startswith("usage: hf-dspark prepare-data") and f"inputs: {bad}" in err and expected in err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
 class _Configured(Exception):
     """Raised by a recording config class: the command got as far as building its config."""
 

@@ -134,14 +134,34 @@ class PrepareDataConfig:
 
 def check_prompt_files(files: list[Path]) -> None:
     """Refuse an input file without a single non-blank line: it holds no prompts, and a run over it would exit
-    having written nothing. (Malformed lines are named by `read_prompts`.)"""
+    having written nothing; and one whose text is not valid Unicode (a lone surrogate escape such as \\ud800, which
+    no tokenizer can encode). (Malformed lines are named by `read_prompts`.)"""
     for path in files:
         with open(path, encoding="utf-8") as handle:
-            if not any(line.strip() for line in handle):
-                raise ValueError(
-                    f"inputs: {path} holds no prompts (the file is empty or blank); fill it with one "
-                    '{"turns": [...]} object per line, or remove it from the inputs.'
-                )
+            try:
+                lines = list(handle)
+            except UnicodeDecodeError as error:
+                raise ValueError(f"inputs: {path} is not UTF-8 text ({error}); save it as UTF-8.") from None
+        if not any(line.strip() for line in lines):
+            raise ValueError(
+                f"inputs: {path} holds no prompts (the file is empty or blank); fill it with one "
+                '{"turns": [...]} object per line, or remove it from the inputs.'
+            )
+        bad = next((number for number, line in enumerate(lines, 1) if _lone_surrogate(line)), None)
+        if bad is not None:
+            raise ValueError(f"inputs: {path}:{bad} holds text that is not valid Unicode (an unpaired surrogate "
+                             "escape such as \\ud800, which no tokenizer can encode); fix or drop that line.")
+
+
+def _lone_surrogate(line: str) -> bool:
+    """Whether a JSON line decodes to text UTF-8 cannot encode (malformed JSON is `read_prompts`' to name)."""
+    try:
+        json.dumps(json.loads(line), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    except json.JSONDecodeError:
+        pass
+    return False
 
 
 def load_target(target: str | None, gguf_file: str | None, dtype: torch.dtype):
