@@ -41,7 +41,7 @@ from ..model.binding import bind_drafter, follow_target_moves
 from ..target.checks import check_attention_implementation, check_target, rope_reach_refusal, rope_threshold
 from ..target.ragged_cache import attention_layout
 from ..target.static_cache import STATIC_PATH_CACHES
-from .drafting import is_draft_model
+from .drafting import DraftModel, is_draft_model
 
 logger = logging.get_logger(__name__)
 
@@ -350,7 +350,7 @@ def check_rope_scaling(model, max_length: int | None, block_size: int) -> None:
         raise ValueError(reason)
 
 
-def check_call(model, drafter, generation_config: Any) -> None:
+def check_call(model: torch.nn.Module, drafter: DraftModel | None, generation_config: Any) -> None:
     """Every check of a call that needs no prompt (module docstring), in this order: the drafter's type, the
     decoding method, other drafting settings and assistant knobs, sampling / EOS settings, the cache and attention
     implementations, the target, then the drafter's fit (bound here when unbound, re-bound when the target moved).
@@ -380,7 +380,8 @@ def check_call(model, drafter, generation_config: Any) -> None:
         follow_target_moves(model, drafter)
 
 
-def check_prompt(model, drafter, input_ids: torch.Tensor, model_kwargs: Mapping, generation_config: Any) -> None:
+def check_prompt(model: torch.nn.Module, drafter: DraftModel, input_ids: torch.Tensor, model_kwargs: Mapping,
+                 generation_config: Any) -> None:
     """The prompt as the loop receives it (module docstring): no `inputs_embeds`, at least one token per row, left
     padding, and a `max_length` (final by now) whose forwards cannot cross a length-dependent RoPE threshold."""
     check_prompt_inputs(model_kwargs)
