@@ -2,8 +2,8 @@
 
 One module per command group, each with an `add_*_command(subparsers)` that holds its argument definitions:
 `demo`, `bench` (speed, serve), `scheduling` (profile, calibrate), `eval`, `verify`, `export`, `check_layout`, and
-`training` (prepare-data, train: HfArgumentParser over the config dataclasses). `loaders` holds the target/drafter loaders
-and argument types every command shares; `prompt_sets` the prompt-set options (`--sets`, `--dataset`);
+`training` (prepare-data, train: HfArgumentParser over the config dataclasses). `loaders` holds the target/drafter
+loaders and argument types every command shares; `prompt_sets` the prompt-set options (`--sets`, `--dataset`);
 `validation` the checks run before any model is loaded.
 """
 
