@@ -7,9 +7,10 @@ the caller's `generate(..., cache=c)`, or the one `generate` built for it (`Dyna
 column of `sequences` but the last (left padding, prompt, generated tokens, and the pad tokens fed to rows that had
 finished). The loop's own verification cache cannot be that object: it keeps rejected drafts as masked holes, rows
 leave it when they finish, and its slots sit at other columns than the returned sequences' tokens. `CallCache`
-takes the call's cache object before the loop runs and fills it afterwards by one target forward over the
-positions it did not hold (with plain's attention mask, the prompt's then ones, and positions), so it has plain's
-class, layer types and shapes, and a later call continues from it exactly as from plain's.
+takes the call's cache object before the loop runs and fills it afterwards with the positions it did not hold, in
+plain's two stages (the prompt's in one forward, as plain's prefill, then the generated ones in one more; plain's
+attention mask, the prompt's then ones, and positions), so it has plain's class, layer types and shapes, its
+prompt slots are plain's bit for bit, and a later call continues from it exactly as from plain's.
 
 `scores` / `logits` of a row at the steps after it finished: plain `generate` keeps feeding such a row pad tokens
 and reports the target's logits on them (and the processed scores). DSpark runs only unfinished rows; one forward
@@ -102,10 +103,9 @@ class CallCache:
     ) -> Cache:
         """Leave the cache as plain `generate` leaves it after returning `sequences` `[B, L]` (`prompt_mask` /
         `prompt_positions`: the call's `[B, P]` attention mask and position ids, or None; P = prompt_width): the
-        positions it held, then the K/V of
-        `sequences[:, cached:-1]` in plain's two stages, the prompt's positions in one forward (as plain's prefill,
-        so the slots of the left padding, which no query reads, are plain's too), then the generated ones in one
-        more. Returns the cache."""
+        positions it held, then the K/V of `sequences[:, cached:-1]` in plain's two stages, the prompt's positions
+        in one forward (as plain's prefill, so even the left padding's slots, which no query reads, are plain's),
+        then the generated ones in one more. Returns the cache."""
         cache, cached = self.cache, self.cached
         if self.prefix is not None:
             cache.reset()
