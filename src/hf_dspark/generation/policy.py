@@ -9,8 +9,9 @@ Selected through `GenerationConfig` attributes (they survive transformers' kwarg
   the padded batch's real cost R·(1 + max ℓ_r) (one uniform ℓ for all rows; see `hf_dspark.scheduling.padded`),
   or one added with `register_policy` (docs/adding-a-policy.md).
   The load-aware policies need a drafter with a confidence head.
-- `dspark_verify_len`: ℓ for `"fixed"` (default γ).
-- `dspark_threshold`: survival threshold for `"threshold"` (default 0.5).
+- a policy's own options, `dspark_verify_len` (ℓ of `"fixed"`), `dspark_threshold` (the cut of `"threshold"` and
+  `"slot_threshold"`), ...: declared, defaulted and checked by that policy's `options_class`
+  (`DSparkGenerationOptions.policy_options` carries the ones a call sets).
 - `dspark_step_curve`: a `StepCurve` or a path to its JSON, for `"greedy"` and `"lagged"`. When unset, the curve
   of the target's (model, device, dtype, torch threads) is taken from the user cache or the curves shipped with
   the package, or profiled once (`hf_dspark.profiling.target_steps.load_or_profile_step_curve`, called here).
