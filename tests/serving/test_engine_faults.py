@@ -213,8 +213,9 @@ def _retained(engine) -> dict[str, int]:
         "finished": len(engine.finished),
         "records": len(engine.records),
         "released": len(engine._released),
-        "live EngineRequest": sum(isinstance(o, EngineRequest) for o in gc.get_objects()),
-        "tensors": sum(isinstance(o, torch.Tensor) for o in gc.get_objects()),
+        # type(), not isinstance(): some gc-tracked proxies warn when their __class__ is read
+        "live EngineRequest": sum(type(o) is EngineRequest for o in gc.get_objects()),
+        "tensors": sum(issubclass(type(o), torch.Tensor) for o in gc.get_objects()),
     }
 
 
