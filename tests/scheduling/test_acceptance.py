@@ -201,3 +201,21 @@ def test_slot_lookups_kept_for_the_same_rows_follow_new_and_forgotten_rows():
     replay(fresh, expected.append)
     assert all(np.array_equal(a, b) for a, b in zip(seen, expected)) and len(seen) == 5
     assert not np.array_equal(seen[1][1], seen[2][1])  # "b"'s own evidence counts once it has a slot
+
+
+def test_a_row_joining_after_another_left_never_shares_a_live_rows_counts():
+    """Requests join and leave (the serving engine): a new row gets a cleared slot, never a live row's, so its
+    estimate starts from the pool and forgetting it leaves the other rows' counts alone; the array stays bounded."""
+    tracker = AcceptanceTracker(4, AcceptanceMemory.empty(4))
+    tracker.observe(["a", "b"], [4, 4], [4, 0])
+    b_counts = tracker._counts[tracker._slots["b"]].copy()  # b's own counts (its estimate also reads the pool)
+    tracker.forget(["a"])
+    tracker.observe(["c"], [4], [4])
+    assert tracker._slots["c"] != tracker._slots["b"]
+    assert (tracker._counts[tracker._slots["b"]] == b_counts).all()  # c's round did not touch b
+    tracker.forget(["c"])
+    assert (tracker._counts[tracker._slots["b"]] == b_counts).all()
+    for i in range(100):  # one row in flight at a time beside b: two slots in use, never more
+        tracker.observe([f"r{i}"], [4], [2])
+        tracker.forget([f"r{i}"])
+    assert tracker._counts.shape[0] <= 4

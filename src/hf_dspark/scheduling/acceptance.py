@@ -122,6 +122,7 @@ class AcceptanceTracker:
     pool_decay: float = 0.95
     idle_decay: float = 0.85
     _slots: dict[Any, int] = field(default_factory=dict, repr=False)
+    _free_slots: list[int] = field(default_factory=list, repr=False)  # cleared by `forget`, given to new rows
     _counts: np.ndarray | None = field(default=None, repr=False)  # [slots + 1, 2, γ]: successes, trials (host)
     version: int = field(default=0, repr=False)  # bumped whenever an estimate changes (cached decisions key on it)
     relaxations: int = field(default=0, repr=False)  # the bumps of `version` that were idle decays (`_relax`)
@@ -178,8 +179,8 @@ class AcceptanceTracker:
         slots = self._slots
         if create:
             for row in rows:
-                if row not in slots:
-                    slots[row] = len(slots) + 1
+                if row not in slots:  # slots 1..len(slots) + len(free) are taken or free: never a live row's
+                    slots[row] = self._free_slots.pop() if self._free_slots else len(slots) + 1
             needed = len(slots) + 1
             if needed > self._counts.shape[0]:
                 grown = np.zeros((max(needed, 2 * self._counts.shape[0]), 2, self.block_size))
@@ -291,11 +292,13 @@ class AcceptanceTracker:
         self.relaxations += 1
 
     def forget(self, rows: list[Any]) -> None:
-        """Rows that left: their slots are cleared (and not reused; a few bytes per request)."""
+        """Rows that left: their slots are cleared and given to the next new rows (memory stays bounded by the rows
+        in flight)."""
         self._last_slots = None
         for row in rows:
             slot = self._slots.pop(row, None)
             if slot is not None:
                 self._counts[slot] = 0.0
                 self._evidence.pop(slot, None)
+                self._free_slots.append(slot)
                 self.version += 1
