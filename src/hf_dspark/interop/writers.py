@@ -147,10 +147,12 @@ def speculators_config(
         "confidence_head_with_markov": config.use_confidence_head and config.confidence_with_markov,
         "speculators_config": {
             "algorithm": "dspark",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.block_size}],
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.block_size,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],  # exact verification
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier_name, "architectures": list(verifier_architectures)},
         },
+        "tie_word_embeddings": False,  # speculators forces it; the LM head rows are the target's
         "dtype": dtype_name(dtype),
     } | _sidecar_fields(config)
 
