@@ -34,6 +34,7 @@ def _usage_error(argv: list[str], capsys) -> str:
         (["--max-new-tokens", "0"], "--max-new-tokens: expected an integer >= 1, got 0"),
         (["--threads", "two"], "--threads: expected an integer >= 1, got 'two'"),
         (["--prompt", "  "], "--prompt is empty"),
+        (["--prompt", "caf\udce9"], "--prompt is not valid Unicode text"),  # Latin-1 bytes on a UTF-8 command line
         (["--drafter", "no/such/folder"], "--drafter no/such/folder: no such folder"),
         (["--device", "gpu0"], "--device: not a torch device: 'gpu0'"),
         (["--policy", "fastest"], "--policy 'fastest' is not a dspark_policy"),

@@ -10,8 +10,15 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def check_nonempty(parser: argparse.ArgumentParser, option: str, value: str) -> None:
+    """Text an option passes to a tokenizer: not blank, and valid Unicode (bytes that are not UTF-8 on the command
+    line reach Python as lone surrogates, which no tokenizer can encode)."""
     if not value or not value.strip():
         parser.error(f"{option} is empty; give some text")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        parser.error(f"{option} is not valid Unicode text (it holds bytes that are not UTF-8, read as an unpaired "
+                     "surrogate); give UTF-8 text")
 
 
 def check_drafter_path(parser: argparse.ArgumentParser, option: str, path: str | None) -> None:
