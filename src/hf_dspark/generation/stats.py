@@ -65,6 +65,8 @@ class DSparkGenerationStats:
         policy_seconds: wall time of the policy's decisions alone (included in draft_seconds).
         drafted_rows: per round, how many rows ran the drafter (0: the round decoded plainly).
         probes: rounds the "auto" policy drafted only to refresh its estimates.
+        tree_nodes: per tree round (`dspark_tree_budget`), the drafts each active row verified (its tree's nodes
+            beyond the anchor; dict row -> count); `batch_tokens` and `draft_tokens_verified` count those nodes.
     """
 
     batch_size: int
@@ -89,6 +91,7 @@ class DSparkGenerationStats:
     policy_seconds: float = 0.0
     drafted_rows: list[int] = field(default_factory=list)
     probes: int = 0
+    tree_nodes: list[dict[int, int]] = field(default_factory=list)
 
     @property
     def wants_confidence_logits(self) -> bool:
@@ -101,7 +104,7 @@ class DSparkGenerationStats:
         if self.record_confidence and logits is None and record.drafted == 0:
             logits = torch.full((len(record.rows), self.block_size), math.nan)  # a plain-decoding round
         self.record_schedule(record.schedule, logits)
-        self.record_round(record.rows, record.verify_len, record.accepted, record.committed)
+        self.record_round(record.rows, record.verify_len, record.accepted, record.committed, record.nodes_verified)
         self.drafted_rows.append(record.drafted)
         self.probes += int(record.probe)
         self.draft_seconds += record.draft_seconds + record.policy_seconds
@@ -132,12 +135,16 @@ class DSparkGenerationStats:
             self.confidence_logits.append(confidence_logits.detach().float().cpu())
 
     def record_round(self, rows: list[int], verify_len: list[int], accepted_drafts: list[int],
-                     committed: list[int]) -> None:
+                     committed: list[int], nodes_verified: list[int] | None = None) -> None:
+        """File one round; nodes_verified: a tree round's drafts verified per row (they replace ℓ_r in the counts)."""
         self.rounds += 1
+        if nodes_verified is not None:
+            self.tree_nodes.append(dict(zip(rows, nodes_verified)))
         self.verify_lens.append(dict(zip(rows, verify_len)))
         self.accepted_lengths.append(dict(zip(rows, committed)))
         self.accepted_drafts.append(dict(zip(rows, accepted_drafts)))
-        verified = sum(verify_len)  # host ints: Σ (1 + ℓ_r) = A + Σ ℓ_r exactly, without a generator per row
+        # host ints: Σ (1 + ℓ_r) = A + Σ ℓ_r exactly, without a generator per row
+        verified = sum(verify_len if nodes_verified is None else nodes_verified)
         self.batch_tokens.append(len(verify_len) + verified)
         self.draft_tokens_verified += verified
         self.draft_tokens_accepted += sum(accepted_drafts)
@@ -160,6 +167,11 @@ class DSparkGenerationStats:
     @property
     def mean_verify_len(self) -> float:
         return self._mean_over_rows(self.verify_lens)
+
+    @property
+    def mean_tree_nodes(self) -> float:
+        """Mean drafts verified per row and tree round (0.0 without tree rounds)."""
+        return self._mean_over_rows(self.tree_nodes)
 
     @property
     def mean_batch_tokens(self) -> float:

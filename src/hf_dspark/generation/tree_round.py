@@ -13,6 +13,11 @@ steps replaced:
   the caller's stopping criteria, and `commit_path`: the accepted path's keys, values and tapped features move into
   chain order, so the drafter's context and the target cache look exactly as after a chain round.
 
+A policy that declares `supports_trees` (`auto`) sizes the trees by cost: before drafting, the node budget worth
+building at this load (`scheduling.tree_budget.node_budget_cap`, none at all on a saturated curve); after, per row,
+no draft, the argmax chain or the best-scored nodes (`choose_tree_budget`), read once (the kept sizes and depths),
+the trees compacted to the round's widest (`ops.tree.restrict_tree`). Other policies verify the fixed budget.
+
 Everything else (planning which rows draft, queued context updates, observers, plain rounds) is `RoundKernel`'s.
 Trees need a DSpark drafter network, an attention implementation that takes 4D masks and history-free logits
 processing (temperature, top-k, top-p): `round_kernel` checks them once and otherwise verifies chains, saying why
@@ -29,11 +34,11 @@ import torch
 from transformers.utils import logging
 
 from ..model.tree_proposal import propose_tree, proposes_trees
-from ..ops.tree import DraftTree, ancestor_mask, draft_tree
+from ..ops.tree import DraftTree, ancestor_mask, draft_tree, restrict_tree
 from ..ops.tree_verification import path_tokens, verify_tree_greedy, verify_tree_sampling
 from ..target.ragged_cache import VerifyOutput, attention_layout
 from ..target.tree_forward import TreeSlots, path_slot_order, tree_support
-from ..transfer import upload
+from ..transfer import download, upload
 from .drafting import draft_logits_processor
 from .round import RoundKernel, RoundRecord
 
@@ -45,6 +50,38 @@ class TreeDrafts:
     """One round's trees for every active row (`[A, N]`; rows that do not draft hold their anchor alone)."""
 
     tree: DraftTree
+
+
+def _scatter_score(score: torch.Tensor, index: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """The planned rows' node scores `[P, N]` at `index` among `rows` rows (the others: 1 at the anchor, 0 after)."""
+    if index is None:
+        return score
+    out = score.new_zeros(rows, score.shape[1]).index_copy(0, index, score)
+    out[:, 0] = 1.0
+    return out
+
+
+def _shape_by_cost(rule, tree: DraftTree, score: torch.Tensor) -> tuple[DraftTree, list[int]]:
+    """The policy's choice per row (no draft, a chain or a tree: `shape_tree`), the trees compacted to the round's
+    widest kept tree. The choice's one host read: each row's kept depth (its ℓ, what the policy observes)."""
+    choice = rule.shape_tree(tree, score)
+    depth = torch.where(choice.keep, tree.depth, torch.zeros_like(tree.depth)).amax(dim=1)
+    host = download(torch.cat([choice.num_nodes, depth]))
+    rows = tree.num_rows
+    shaped, _ = restrict_tree(tree, choice.keep, 1 + max(host[:rows]))
+    return shaped, host[rows:]
+
+
+def _download_tree(accepted: torch.Tensor, next_token: torch.Tensor, path: torch.Tensor, tree: DraftTree):
+    """The round's one device-to-host copy: accepted counts, next tokens, drafts verified per row and the accepted
+    paths' tokens `[A, W]`. Returns (accepted counts, each row's tokens to commit, drafts verified per row)."""
+    rows, width = path.shape
+    nodes = tree.valid.sum(dim=1) - 1
+    flat = download(torch.cat([accepted, next_token, nodes.to(accepted.dtype), path.reshape(-1)]))
+    accepted_host, start = flat[:rows], 3 * rows
+    offsets = range(start, start + rows * width, width) if width else [start] * rows
+    tokens = [[*flat[o : o + m], token] for o, m, token in zip(offsets, accepted_host, flat[rows : 2 * rows])]
+    return accepted_host, tokens, flat[2 * rows : start]
 
 
 def _gather_slots(values: torch.Tensor | None, order: torch.Tensor) -> torch.Tensor | None:
@@ -88,16 +125,26 @@ class TreeRoundKernel(RoundKernel):
             raise ValueError(f"dspark_tree_budget must be ≥ 2 nodes (the anchor and a draft), got {budget}.")
         self.budget, self.sibling_cap = budget, sibling_cap
 
+    def _shaping_rule(self):
+        """The policy rule that sizes trees by cost (`BasePolicy.supports_trees`), or None: the fixed budget."""
+        rule = None if self.policy is None else self.policy.rule
+        return rule if rule is not None and rule.supports_trees else None
+
     def _budget_for(self, target_cache) -> int:
         plan = getattr(target_cache, "plan", None)  # a static cache holds block_size + 1 new slots a forward
         return self.budget if plan is None else min(self.budget, plan.block_size + 1)
 
     def _draft(self, batch, histories, cap: list[int], plan):
         """Propose a tree for the planned rows: (`TreeDrafts`, None, each row's deepest possible path as host ints,
-        a record with the drafter's time)."""
+        a record with the drafter's time). A policy that `supports_trees` sizes them: the budget before drafting
+        (`tree_node_cap`: none at all when no draft pays at this load), each row's kept nodes after (`shape_tree`;
+        the depths are then the kept trees')."""
         rows, device = len(batch.rows), batch.anchor.device
         record = RoundRecord(list(batch.rows), [], [], [], drafted=0, probe=plan.probe)
-        if not plan.drafts:
+        budget, rule = self._budget_for(batch.target_cache), self._shaping_rule()
+        if rule is not None:  # drafts per row worth building at this load (host arithmetic on the step curve)
+            budget = 1 + rule.tree_node_cap(rows, budget - 1)
+        if not plan.drafts or budget < 2:
             return None, None, [0] * rows, record
         started = time.perf_counter()
         batch.flush(self.drafter, self.takes_counts)
@@ -108,8 +155,7 @@ class TreeRoundKernel(RoundKernel):
         cache = batch.draft_cache if index is None else batch.draft_cache.select_rows(
             torch.tensor(host_index, dtype=torch.long))
         anchor = batch.anchor if index is None else batch.anchor.index_select(0, index)
-        budget, processing = self._budget_for(batch.target_cache), draft_logits_processor(
-            self.processors, sub_rows, sub_hist)
+        processing = draft_logits_processor(self.processors, sub_rows, sub_hist)
         own = getattr(self.drafter, "propose_tree", None)  # a drafter that builds its own trees (the hybrid's)
         if own is not None:
             proposal = own(anchor, cache, budget, do_sample=self.do_sample, logits_processor=processing,
@@ -121,7 +167,11 @@ class TreeRoundKernel(RoundKernel):
         gamma = self.drafter.config.block_size
         host_len = [min(gamma, cap[a]) if a in planned else 0 for a in range(rows)]
         tree = _within_budget(_scatter_tree(proposal.tree, index, batch.anchor), upload(host_len, device))
-        record.draft_seconds = time.perf_counter() - started
+        shaped_at = time.perf_counter()
+        if rule is not None:
+            tree, host_len = _shape_by_cost(rule, tree, _scatter_score(proposal.score, index, rows))
+            record.policy_seconds = time.perf_counter() - shaped_at
+        record.draft_seconds = shaped_at - started
         record.drafted = len(sub_rows)
         return TreeDrafts(tree), None, host_len, record
 
@@ -140,7 +190,8 @@ class TreeRoundKernel(RoundKernel):
             result = verify_tree_sampling(tree, torch.softmax(scores, dim=-1))
         else:
             result = verify_tree_greedy(tree, scores)
-        accepted_host, tokens = self._download(result.num_accepted, result.next_token, path_tokens(tree, result.path))
+        accepted_host, tokens, record.nodes_verified = _download_tree(result.num_accepted, result.next_token,
+                                                                      path_tokens(tree, result.path), tree)
         order = path_slot_order(result.path, steps)
         scores, logits = _gather_slots(scores, order), _gather_slots(out.logits, order)
         record.committed = list(commit(tokens, scores, logits))

@@ -1,5 +1,6 @@
 """`AutoPolicy` (registered as `auto`, the default): cost-aware drafting (plans from earlier rounds,
-`scheduling.cost_policy`), then the sunk-cost stop.
+`scheduling.cost_policy`), then the sunk-cost stop; in tree rounds it sizes each row's tree by cost instead
+(`tree_budget`: no draft, a chain or a tree, the node budget shrinking with load).
 
 The lagged acceptance is kept per request, or per (request, source) where the drafter prices its rows
 (`DraftModel.row_draft_costs`): rows priced at different shares draft from different sources (a hybrid's lookup
@@ -15,11 +16,13 @@ from typing import Any
 
 import torch
 
+from ..ops.tree import DraftTree
 from .acceptance import INFORMED_PRIOR_WEIGHT, AcceptanceMemory, AcceptanceTracker
 from .base import BasePolicy, PolicyOptions
 from .cost_policy import CostAwarePlanner
 from .padded import sunk_cost_stop
 from .records import DraftPlan, PolicySettings
+from .tree_budget import TreeBudgetChoice, choose_tree_budget, node_budget_cap
 
 
 class AutoPolicy(BasePolicy):
@@ -34,6 +37,7 @@ class AutoPolicy(BasePolicy):
     learns = True
     observes_host_ints = True
     per_decoding_mode = True
+    supports_trees = True
 
     def __init__(self, settings: PolicySettings, options: PolicyOptions | None = None) -> None:
         super().__init__(settings, options)
@@ -78,6 +82,15 @@ class AutoPolicy(BasePolicy):
                 survival, total, self.planner.verify_seconds(total), sunk, length, forecast=self._plan.forecast
             )
         return torch.full((rows,), length, dtype=torch.long, device=device)
+
+    def tree_node_cap(self, rows: int, max_nodes: int) -> int:
+        """Drafts per row worth building at this load (`tree_budget.node_budget_cap`; 0: none), a host int."""
+        return node_budget_cap(self.planner.step_curve, rows, max_nodes)
+
+    def shape_tree(self, tree: DraftTree, score: torch.Tensor) -> TreeBudgetChoice:
+        """Per row: no draft, a chain or a tree, whichever maximises Θ = τ·SPS(B) (`tree_budget.choose_tree_budget`
+        on the planner's step curve); score `[R, N]`: P(node reached and accepted). No host read."""
+        return choose_tree_budget(tree, score, self.planner.step_curve)
 
     def observe(self, rows, verify_len, accepted):
         """Record the round under the keys its plan used (each row's source this round), and the plan's forecast

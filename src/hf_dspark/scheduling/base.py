@@ -110,6 +110,11 @@ class BasePolicy:
     """The policy's state depends on the decoding mode (`settings.greedy`): it must be built for the mode it
     serves (an engine refuses one built for the other mode)."""
 
+    supports_trees: ClassVar[bool] = False
+    """Tree rounds (`dspark_tree_budget`) let the policy size each row's tree: `tree_node_cap(rows, max_nodes)`
+    (drafts per row worth building at this load, host ints) before drafting and `shape_tree(tree, score)` (a
+    `tree_budget.TreeBudgetChoice`: no draft, a chain or a tree per row) after. False: trees of the fixed budget."""
+
     uses_capacity_survival: ClassVar[bool] = False
     """`schedule` forwards `capacity_survival` (earlier survivals) to `rule`."""
 

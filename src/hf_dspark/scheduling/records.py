@@ -142,7 +142,8 @@ class RoundRecord:
     schedule: the policy's τ̂ / Θ̂; confidence_logits: `[A, γ]` raw confidence logits (logit(c_k) for drafters
     that give only calibrated c_k; NaN for rows that did not draft) or None (also when no observer wants them:
     `RoundObserver`); *_seconds: wall time of the policy's decisions, the drafter (with its queued context
-    update), and the target forward with verification and commit.
+    update), and the target forward with verification and commit; nodes_verified: in tree rounds, the drafts each
+    row verified (its tree's nodes beyond the anchor; verify_len is then the kept tree's depth), None for chains.
     """
 
     rows: list[Any]
@@ -156,6 +157,7 @@ class RoundRecord:
     policy_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    nodes_verified: list[int] | None = None
 
 
 class RoundObserver(Protocol):
