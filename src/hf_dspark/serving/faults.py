@@ -64,18 +64,21 @@ class EngineFaults:
             if request is None or request.finished:  # cancelled meanwhile
                 continue
             request.failures += 1  # the failed forward
-            before = len(request.generated)
+            before, failing = len(request.generated), "prefill"
             try:
                 batch, tokens = self._prefill([rid])
                 gained = self._commit_first(batch, tokens)
                 if stage == "round" and not request.finished:
+                    failing = "round"
                     gained += self._round(batch, time.perf_counter())
                     if self.drafter is not None:
                         batch.flush(self.drafter)  # a batch joins another with no queued updates
             except Exception as error:
                 del request.generated[before:]
                 request.failures += 1
-                self._fail(request, stage, error)
+                if isinstance(self.policy, VerificationPolicy):
+                    self.policy.forget([rid])  # what its solo round may have recorded
+                self._fail(request, failing, error)
                 continue
             request.failures = 0
             events += gained
@@ -86,7 +89,7 @@ class EngineFaults:
 
     def _fail(self, request: EngineRequest, stage: str, error: Exception) -> None:
         logger.warning(
-            f"DSparkEngine request {request.request_id} failed in its {stage} again, alone ({type(error).__name__}: "
+            f"DSparkEngine request {request.request_id} failed again, alone, in its {stage} ({type(error).__name__}: "
             f"{error}); it finishes with the error, the other requests go on.",
             exc_info=error,
         )
