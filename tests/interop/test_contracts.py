@@ -238,3 +238,29 @@ def test_an_embedding_tap_exports_where_the_engine_reads_it_and_is_refused_elsew
     assert loaded.config.target_layer_ids == [-1, 2]
     for original, reloaded in zip(_proposals(drafter, qwen3_target), _proposals(loaded, qwen3_target)):
         _assert_same(original, reloaded)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "speculators"])
+def test_fields_whose_engine_defaults_differ_must_be_written(tmp_path, qwen3_target, engine):
+    """confidence_head_with_markov (vLLM assumes false, DeepSpec and speculators true), rope_theta (vLLM's DFlash
+    backbone assumes 1e6), hidden_act and the block causality: an export spells each out, and check_export names a
+    folder that leaves one to the engine."""
+    out = export_drafter(_drafter(qwen3_target, "markov", True, None), tmp_path / engine, engine=engine)
+    raw = json.loads((out / "config.json").read_text())
+    assert check_export(out, engine) == []
+    nested = "transformer_layer_config" if engine == "speculators" else None
+    for key in ("rope_theta", "hidden_act", "confidence_head_with_markov", "causal"):
+        edited = json.loads(json.dumps(raw))
+        layers = edited[nested] if nested and key != "confidence_head_with_markov" else edited
+        if key == "rope_theta":
+            layers.pop("rope_theta")
+            layers["rope_parameters"].pop("rope_theta")
+        elif key == "causal":
+            layers.pop("is_causal", None)
+            edited.get("dflash_config", {}).pop("causal", None)
+        else:
+            layers.pop(key)
+        (out / "config.json").write_text(json.dumps(edited))
+        problems = check_export(out, engine)
+        spelled = "is_causal" if key == "causal" else key
+        assert any(spelled in p and ("explicit" in p or "missing" in p) for p in problems), (key, problems)

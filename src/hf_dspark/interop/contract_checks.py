@@ -140,7 +140,7 @@ def _causal_problems(raw: dict[str, Any]) -> list[str]:
         if value is not None:
             return [] if value is False else [f"{key} is {value!r}: the engine would run causal block attention"]
     problems = [f"neither is_causal nor {NESTED}.causal is written (engine versions differ on the default): write "
-                f"{NESTED}.causal: false"]
+                f"{NESTED}.causal: false explicitly"]
     sliding = [i for i, kind in enumerate(raw.get("layer_types") or []) if kind == "sliding_attention"]
     if sliding:
         problems.append(f"layer_types marks draft layers {sliding} sliding_attention, which the engine runs causal")
