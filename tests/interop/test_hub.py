@@ -87,7 +87,7 @@ def test_trust_remote_code_loads_the_folder_offline_in_a_fresh_process(tmp_path)
         "assert 'hf_dspark' not in sys.modules\n"
         "config = AutoConfig.from_pretrained(path, trust_remote_code=True)\n"
         "model = AutoModel.from_pretrained(path, trust_remote_code=True)\n"
-        "drafter_class = sys.modules['hf_dspark.model.modeling_dspark'].DSparkDrafter\n"
+        "drafter_class = sys.modules['hf_dspark.drafter'].DSparkDrafter\n"
         "print(type(config).__name__, config.block_size, isinstance(model, drafter_class), model.is_bound)\n"
 
     )
