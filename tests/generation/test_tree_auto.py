@@ -67,6 +67,20 @@ def test_auto_trees_greedy_matches_plain_generate(batch, head_type):
     assert torch.equal(reference, target.generate(ids, assistant_model=drafter, **_auto(FLAT), **kwargs))
 
 
+def test_auto_keeps_the_hybrids_lookup_branch():
+    """A repeated request: the suffix store's continuation, scored by its lookup forecast, survives the sizing."""
+    from hf_dspark.proposers import hybrid_for
+
+    target = make_family("llama")
+    ids, mask = ragged_prompts(1, seed=5, min_len=6, max_len=6)
+    hybrid = hybrid_for(make_drafter(target, block_size=GAMMA), "suffix")
+    kwargs = dict(attention_mask=mask, do_sample=False, max_new_tokens=30)
+    reference = target.generate(ids, **kwargs)
+    for _ in range(2):  # the second call finds the first call's continuation in the suffix store
+        assert torch.equal(reference, target.generate(ids, assistant_model=hybrid, **_auto(FLAT), **kwargs))
+    assert hybrid.last_generation_stats.mean_accepted_length >= 3.0
+
+
 def test_the_shaping_capability_is_declared():
     from hf_dspark.scheduling import get_policy
 

@@ -43,7 +43,15 @@ from .lookup import (
     draft_rows,
     read_histories,
 )
-from .scoring import DSPARK, LOOKUP, choose_source, forecast_conditional, observe_agreement, resolved_agreement
+from .scoring import (
+    DSPARK,
+    LOOKUP,
+    LOOKUP_PRIOR,
+    choose_source,
+    forecast_conditional,
+    observe_agreement,
+    resolved_agreement,
+)
 
 
 @dataclass
@@ -344,7 +352,8 @@ class HybridDrafter(DraftModel):
         """Tree rounds (`dspark_tree_budget`): the DSpark drafter's tree of budget − γ nodes with each row's lookup
         continuation joined as one more branch (`ops.tree.merge_branch`: a prefix the two share is one node), at
         most max(budget, γ + 1) node slots. Both sources are verified, so no row chooses one; the lookup is still
-        scored every round it matches (its lagged scores serve chain rounds and `row_acceptance`)."""
+        scored every round it matches (its lagged scores serve chain rounds and `row_acceptance`), and its branch's
+        nodes carry the running product of that forecast as their score (what a policy sizing trees keeps them by)."""
         if histories is None:
             raise ValueError("HybridDrafter needs the rows' histories (the DSpark loop passes them)")
         mirrors, planned = self._plan(cache, histories)
@@ -355,14 +364,18 @@ class HybridDrafter(DraftModel):
         follows = [follow[:gamma] for _, _, follow in planned]
         branch = upload(draft_rows([t[-1] for t in mirrors], follows, gamma), device, anchor_ids.dtype)
         # the lookup rows' chain drafts (`draft_rows`: the continuation, its last token repeated to γ)
-        tree, _ = merge_branch(inner.tree, branch, upload([gamma if f else 0 for f in follows], device))
+        tree, branch_nodes = merge_branch(inner.tree, branch, upload([gamma if f else 0 for f in follows], device))
+        # the branch's nodes are scored with the row's lookup forecast (its running product: P(reached, accepted))
+        survival = upload([_running_product(forecast_conditional(*state.lookup_counts), gamma)
+                           for state in cache.states], device, torch.float32)
         for state in cache.states:
             state.planned = None
         self.source_counts[DSPARK] += len(planned)
         self.source_counts[LOOKUP] += sum(1 for f in follows if f)
         pad = (0, tree.num_nodes - inner.tree.num_nodes)
-        return TreeProposal(tree, torch.nn.functional.pad(inner.score, pad),
-                            torch.nn.functional.pad(inner.acceptance, pad))
+        score = torch.nn.functional.pad(inner.score, pad).scatter_reduce(
+            1, branch_nodes.clamp_min(0), torch.where(branch_nodes >= 0, survival.to(inner.score.dtype), 0.0), "amax")
+        return TreeProposal(tree, score, torch.nn.functional.pad(inner.acceptance, pad))
 
     def _lookup_proposal(self, call: HybridRound) -> DSparkProposal:
         """Every row's lookup proposal: one-hot drafts (one non-blocking upload), confidences from the row's
@@ -416,3 +429,12 @@ def hybrid_for(drafter, kind: str = "prompt-lookup", **kwargs) -> HybridDrafter:
     cls = PromptLookupProposer if kind == "prompt-lookup" else SuffixProposer
     proposer = cls(drafter.config)  # it reads only block_size and vocab_size
     return HybridDrafter(drafter, proposer, **kwargs)
+
+
+def _running_product(rates: list[float], length: int) -> list[float]:
+    """∏_{i≤j} rates_i for j = 1..length (missing rates: the lookup prior)."""
+    out, survival = [], 1.0
+    for rate in (list(rates) + [LOOKUP_PRIOR] * length)[:length]:
+        survival *= rate
+        out.append(survival)
+    return out
