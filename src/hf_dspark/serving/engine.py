@@ -42,7 +42,8 @@ from ..generation.call_checks import check_call, eos_token_ids
 from ..generation.drafting import feature_layers
 from ..generation.prefill import prefill_target
 from ..generation.processors import RowProcessors
-from ..generation.round import RoundBatch, RoundKernel
+from ..generation.round import RoundBatch
+from ..generation.tree_round import round_kernel
 from ..ops.functional import greedy_token_ids
 from ..scheduling.records import RoundRecord
 from ..scheduling.verification_policy import VerificationPolicy
@@ -84,6 +85,9 @@ class DSparkEngine(EngineFaults):
         max_records: round records kept in `records` (the latest; None keeps all).
         max_finished: finished requests kept until `result` or `take_finished` collects them (1024 by default);
             beyond it the oldest are dropped, with a warning. None keeps every uncollected one (unbounded memory).
+        tree_budget: as `generate`'s `dspark_tree_budget`: each drafting request verifies a draft tree of at most
+            this many nodes a round (`generation.tree_round`; `"auto"` sizes the trees by cost up to it), or None
+            for chains. Drafters or attention kernels that cannot verify trees fall back to chains, said once.
     """
 
     def __init__(
@@ -100,6 +104,7 @@ class DSparkEngine(EngineFaults):
         packed_weights: bool | None = None,
         max_records: int | None = 10_000,
         max_finished: int | None = DEFAULT_MAX_FINISHED,
+        tree_budget: int | None = None,
     ) -> None:
         check_engine_arguments(policy, drafter, max_running)
         if max_records is not None and (type(max_records) is not int or max_records < 0):
@@ -127,7 +132,12 @@ class DSparkEngine(EngineFaults):
         self.eos = set(eos)
         self.max_running = max_running
         self.packs = linear_packs_for(target, packed_weights)
-        self.kernel = RoundKernel(
+        if tree_budget is not None and (type(tree_budget) is not int or tree_budget < 2):
+            raise ValueError(f"tree_budget must be None (chains) or an int >= 2 (nodes per row and round, the anchor "
+                             f"included), got {tree_budget!r}.")
+        # `TreeRoundKernel` with a tree budget (or chains, said once, where trees cannot run), else `RoundKernel`
+        self.kernel = round_kernel(
+            tree_budget,
             target,
             self.drafter,
             policy if self.drafter is not None else None,
