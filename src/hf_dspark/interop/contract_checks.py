@@ -214,8 +214,11 @@ def _tensor_problems(tensors: dict[str, tuple[tuple[int, ...], str]], shape: dic
     expected = _expected(shape, contract)
     problems = []
     optional = {"embed_tokens.weight"} if contract.embed_tokens == "optional" or shape["dflash"] else set()
-    if contract.config_format == SPECULATORS and shape["draft_vocab"] == shape["vocab"]:
-        optional.add("lm_head.weight")  # speculators' own full-vocabulary saves rebuild it from the verifier
+    if contract.config_format == SPECULATORS:  # what speculators' own saves hold or leave out
+        expected["embed_tokens.weight"] = (shape["vocab"], shape["hidden"])
+        optional.add("embed_tokens.weight")  # saved by speculators 0.7, not by 0.9 (both refill it from the verifier)
+        if shape["draft_vocab"] == shape["vocab"]:
+            optional.add("lm_head.weight")  # its full-vocabulary saves rebuild it from the verifier
     for name, want in expected.items():
         if name not in tensors:
             if name not in optional:

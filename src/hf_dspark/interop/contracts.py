@@ -352,7 +352,8 @@ SPECULATORS_CONTRACT = register_engine_contract(EngineContract(
            "only from its #48639 on (older versions assume the 1 + N block for every speculators folder).",),
     min_versions=(
         "speculators >= 0.7.0 (its first DSpark release: `DSparkSpeculatorConfig`, sample_from_anchor #760, the "
-        "Markov prev-token alignment #806); loading checked with speculators 0.9.0 `SpeculatorModel.from_pretrained`.",
+        "Markov prev-token alignment #806); loading checked with speculators 0.9.0 `SpeculatorModel.from_pretrained` "
+        "(0.7.0 reads the same fields and tensors; run it with the transformers it pins, < 5.15).",
         "vLLM with vllm-project/vllm#48639 (merged July 2026), which reads a speculators folder's "
         "sample_from_anchor: older builds (speculators DSpark since #47093) serve every speculators DSpark folder "
         "as 1 + N, so an anchor-first drafter's drafts are shifted by one position, silently (acceptance "
