@@ -24,14 +24,15 @@ LAYER_FIELDS_READ = (
     "rms_norm_eps", "rope_parameters", "max_position_embeddings", "attention_bias", "attention_dropout", "vocab_size",
     "num_hidden_layers", "layer_types", "sliding_window",
 )
-CASES = {
-    "llama-markov": ("llama", dict(head_type="markov", use_qk_norm=True)),
-    "qwen3-markov-draft-vocab": ("qwen3", dict(head_type="markov", vocab=True)),
-    "qwen3-rnn-confidence-alone": ("qwen3", dict(head_type="rnn", confidence_with_markov=False)),
-    "qwen3-no-head": ("qwen3", dict(head_type="none", use_confidence_head=False)),
-    "qwen3-1+N-markov": ("qwen3", dict(head_type="markov", sample_from_anchor=False, source_layout="dflash")),
-    "llama-1+N-draft-vocab": ("llama", dict(head_type="rnn", use_qk_norm=True, sample_from_anchor=False,
-                                            source_layout="dflash", vocab=True)),
+HEADS = {"markov": {}, "rnn": dict(confidence_with_markov=False), "none": dict(use_confidence_head=False)}
+LAYOUTS = {"anchor": {}, "1+N": dict(sample_from_anchor=False, source_layout="dflash")}
+CASES = {  # every head, layout and vocabulary on a Qwen3 target; a Llama target (q/k norms) both ways
+    f"qwen3-{head}-{layout}-{'draft-vocab' if vocab else 'full'}": ("qwen3", dict(head_type=head, vocab=vocab,
+                                                                                 **HEADS[head], **LAYOUTS[layout]))
+    for head in HEADS for layout in LAYOUTS for vocab in (False, True)
+} | {
+    "llama-markov-anchor-full": ("llama", dict(head_type="markov", use_qk_norm=True)),
+    "llama-rnn-1+N-draft-vocab": ("llama", dict(head_type="rnn", use_qk_norm=True, vocab=True, **LAYOUTS["1+N"])),
 }
 
 
