@@ -211,7 +211,7 @@ def step_curve():
 
 # ---------------------------------------------------------------------------- one run of one case
 def run_case(case: Case, target, inputs: dict, args) -> tuple[Timeline, bool]:
-    from hf_dspark.proposers.oracle import oracle_for
+    from hf_dspark.generation import oracle_for
 
     ids, mask, reference = inputs[case.batch]
     timeline = Timeline()

@@ -143,7 +143,7 @@ def make_run(method: str, s: Setting) -> tuple[Callable[[], torch.Tensor], objec
     from transformers import CompileConfig
 
     from hf_dspark import DSparkConfig, DSparkDrafter
-    from hf_dspark.proposers.oracle import oracle_for
+    from hf_dspark.generation import oracle_for
 
     target, vocab = s.target, s.target.config.vocab_size
     common = dict(attention_mask=s.mask, do_sample=False, max_new_tokens=s.new_tokens)

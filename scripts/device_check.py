@@ -37,8 +37,8 @@ import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_dspark import DSparkConfig, DSparkDrafter
+from hf_dspark.generation import oracle_for
 from hf_dspark.profiling.target_steps import profile_step_curve
-from hf_dspark.proposers.oracle import oracle_for
 
 
 def _sibling(name: str):

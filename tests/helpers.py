@@ -84,7 +84,7 @@ def holed_oracle(target, block_size: int, reference: torch.Tensor, mask: torch.T
     """An oracle drafter whose even rows draft `reference` (plain greedy output) and whose odd rows draft a wrong
     first token: in a batch of two or more, every round leaves holes in the target cache (an odd row's rejected
     slots sit below an even row's kept ones), which only compaction removes."""
-    from hf_dspark.proposers.oracle import oracle_for
+    from hf_dspark.generation import oracle_for
 
     oracle = oracle_for(target, block_size, reference, mask)
     vocab = target.config.vocab_size

@@ -8,8 +8,8 @@ import torch
 
 from hf_dspark import DSparkConfig, DSparkDrafter, defaults, load_default_target
 from hf_dspark.eval.prompts import chat_input_ids
+from hf_dspark.generation import oracle_for
 from hf_dspark.proposers import HybridDrafter, PromptLookupProposer
-from hf_dspark.proposers.oracle import oracle_for
 from hf_dspark.target.checks import quantization_found
 
 

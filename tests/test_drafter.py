@@ -11,10 +11,11 @@ from transformers import AutoModel
 
 from hf_dspark import DSparkConfig, DSparkDrafter, DSparkGenerateOutput, DSparkModel, load_default_drafter
 from hf_dspark.defaults import default_drafter_dir
+from hf_dspark.generation import prompt_lookup_for
 from hf_dspark.generation.dispatch import is_enabled
-from hf_dspark.generation.drafting import DraftModel
 from hf_dspark.interop.hub import REMOTE_CODE_FILE
-from hf_dspark.proposers import hybrid_for, prompt_lookup_for
+from hf_dspark.proposers import hybrid_for
+from hf_dspark.proposers.base import DraftModel
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 NEW = 8

@@ -130,7 +130,10 @@ def test_paths_named_in_markdown_exist(page):
     assert not broken, f"{_id(page)}: paths that do not exist {broken}"
 
 
-@pytest.mark.parametrize("path", [p for p in TEXT_FILES if p.parent in (ROOT / "scripts", ROOT / "benchmarks")], ids=_id)
+TOOLS = [p for p in TEXT_FILES if p.parent in (ROOT / "scripts", ROOT / "benchmarks")]
+
+
+@pytest.mark.parametrize("path", TOOLS, ids=_id)
 def test_every_tool_and_benchmark_is_documented(path):
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     named = _id(path)

@@ -25,11 +25,11 @@ from transformers import PreTrainedModel
 
 from .defaults import DEFAULT_DRAFTER_KINDS, default_drafter_dir
 from .generation.dispatch import enable
-from .generation.drafting import DraftModel
 from .interop.hub import add_remote_code
 from .interop.loading import load_drafter
 from .model.modeling_dspark import DSparkModel, generating_model
 from .proposers import hybrid_for
+from .proposers.base import DraftModel
 
 __all__ = ["DSparkDrafter", "load_default_drafter"]
 

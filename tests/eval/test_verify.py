@@ -9,7 +9,7 @@ from transformers import LlamaForCausalLM
 
 from hf_dspark import DSparkDrafter
 from hf_dspark.eval.verify import VerifyConfig, certify
-from hf_dspark.proposers.lookup import prompt_lookup_for
+from hf_dspark.generation import prompt_lookup_for
 from tests.helpers import make_drafter, make_target, tiny_llama_config
 
 VOCAB = 8

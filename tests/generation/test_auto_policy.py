@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from hf_dspark.generation import oracle_for
 from hf_dspark.generation.dispatch import disable, dspark_generate, enable
 from hf_dspark.profiling.step_curve import StepCurve
-from hf_dspark.proposers.oracle import OracleDrafter, oracle_for
+from hf_dspark.proposers.oracle import OracleDrafter
 from hf_dspark.scheduling.verification_policy import VerificationPolicy
 from hf_dspark.serving.engine import DSparkEngine
 from tests.helpers import make_drafter, make_target, ragged_prompts, tapped_features

@@ -248,7 +248,7 @@ def test_a_hybrid_of_an_unbound_drafter_fails_like_the_unbound_drafter():
 @pytest.mark.parametrize("kind", ["prompt lookup", "oracle"])
 def test_model_free_drafters_accept_a_two_layer_target(kind):
     """A model-free drafter taps no layer, so a target of any depth fits (a DSpark drafter needs 3 layers)."""
-    from hf_dspark.proposers import oracle_for, prompt_lookup_for
+    from hf_dspark.generation import oracle_for, prompt_lookup_for
 
     target = make_target("llama", seed=3, num_hidden_layers=2)
     ids, mask = ragged_prompts(2)

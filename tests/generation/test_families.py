@@ -12,7 +12,7 @@ import torch
 import transformers
 from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for
 from hf_dspark.target.ragged_cache import attention_layout
 from tests.helpers import holed_oracle, make_drafter, ragged_prompts
 

@@ -12,7 +12,7 @@ from transformers.cache_utils import DynamicCache
 from transformers.generation.streamers import BaseStreamer
 
 from hf_dspark import DSparkConfig, DSparkDrafter
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for
 from tests.helpers import char_tokenizer, holed_oracle, make_drafter, make_target, ragged_prompts
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for
 from tests.helpers import make_target, ragged_prompts
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from hf_dspark.generation import prompt_lookup_for
 from hf_dspark.generation.options import DSparkGenerationOptions
 from hf_dspark.generation.policy import policy_from_options
 from hf_dspark.profiling.draft_steps import DRAFT_PROFILER_VERSION, draft_curve_path, drafter_architecture
 from hf_dspark.profiling.step_curve import StepCurve
 from hf_dspark.profiling.target_steps import PROFILER_VERSION, step_curve_key, step_curve_path
-from hf_dspark.proposers import prompt_lookup_for
 from hf_dspark.target.packed_linear import linear_packs_for
 from tests.helpers import make_drafter, make_target
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from hf_dspark.generation import oracle_for
 from hf_dspark.generation.policy import policy_from_config
 from hf_dspark.profiling import target_steps as profiling
 from hf_dspark.profiling.step_curve import StepCurve
-from hf_dspark.proposers.oracle import oracle_for
 from hf_dspark.target.packed_linear import linear_packs_for
 from tests.helpers import make_drafter, make_target, ragged_prompts
 

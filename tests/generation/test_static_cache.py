@@ -4,7 +4,7 @@ plain `generate`, two input shapes only, the preallocated buffers never grow."""
 import pytest
 import torch
 
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for
 from hf_dspark.target.static_cache import RaggedStaticLayer, StaticTargetCache
 from tests.helpers import make_drafter, make_target, ragged_prompts
 

@@ -10,8 +10,8 @@ from transformers import GenerationConfig
 
 from hf_dspark.diagnostics import COUNTED, SyncCounter
 from hf_dspark.generation import loop as loop_module
+from hf_dspark.generation import oracle_for
 from hf_dspark.profiling.step_curve import StepCurve
-from hf_dspark.proposers.oracle import oracle_for
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 FLAT = StepCurve([1, 4096], [1.0, 1.0])

@@ -18,8 +18,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer, StaticCache
 from transformers.generation import GenerateDecoderOnlyOutput
 
-from hf_dspark.proposers.lookup import prompt_lookup_for
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for, prompt_lookup_for
 from tests.generation.test_families import FAMILIES, make_family
 from tests.helpers import holed_oracle, make_drafter, ragged_prompts
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from hf_dspark import DSparkConfig, DSparkDrafter
-from hf_dspark.proposers.lookup import prompt_lookup_for
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for, prompt_lookup_for
 from tests.helpers import make_drafter, make_target, ragged_prompts
 
 DRAFTER_FIELDS = dict(block_size=4, markov_rank=8, target_layer_ids=[0, 2])

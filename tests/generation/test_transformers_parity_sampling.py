@@ -7,8 +7,8 @@ import collections
 
 import torch
 
+from hf_dspark.generation import prompt_lookup_for
 from hf_dspark.ops.verification import verify_sampling
-from hf_dspark.proposers.lookup import prompt_lookup_for
 from tests.helpers import make_target, ragged_prompts
 
 INF = float("inf")

@@ -4,11 +4,11 @@ ragged prompts, dynamic and static caches; drafts accepted off the argmax chain;
 import pytest
 import torch
 
-from hf_dspark.generation.drafting import ContextLengths
 from hf_dspark.generation.tree_round import TreeRoundKernel
 from hf_dspark.model.configuration_dspark import DSparkConfig
 from hf_dspark.model.modeling_outputs import DSparkProposal
 from hf_dspark.proposers import hybrid_for
+from hf_dspark.proposers.base import ContextLengths
 from hf_dspark.proposers.oracle import OracleDrafter
 from hf_dspark.proposers.scoring import LOOKUP
 from hf_dspark.target.ragged_cache import new_target_cache

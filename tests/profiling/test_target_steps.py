@@ -226,8 +226,8 @@ def test_profile_cli_refuses_a_missing_drafter_before_loading(tmp_path, capsys):
 
 
 def test_draft_curve_profiled_cached_and_shared_by_architecture(llama_target, cache_dir, monkeypatch):
+    from hf_dspark.generation import oracle_for
     from hf_dspark.profiling.draft_steps import draft_curve_path, drafter_architecture, load_or_profile_draft_curve
-    from hf_dspark.proposers.oracle import oracle_for
     from tests.helpers import make_drafter
 
     drafter = make_drafter(llama_target, block_size=3)

@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from hf_dspark.eval.lossless import chi_square_pvalue
-from hf_dspark.eval.prompt_lookup import lookup_continuation
-from hf_dspark.proposers import HybridDrafter, NgramIndex, hybrid_for, prompt_lookup_for, suffix_proposer_for
+from hf_dspark.generation import prompt_lookup_for, suffix_proposer_for
+from hf_dspark.proposers import HybridDrafter, NgramIndex, hybrid_for
 from tests.generation.test_sampling_lossless import SETTINGS, _exact_joint, _sample_codes
 from tests.helpers import make_drafter, make_target, ragged_prompts
+from tests.proposers.reference_lookup import lookup_continuation
 
 
 def test_index_matches_the_latest_longest_suffix():

@@ -110,7 +110,7 @@ def test_eval_refuses_a_proposer_that_needs_references_and_its_help_lists_the_re
 def test_the_docs_example_proposer_runs_by_name_and_matches_plain_greedy(target, registry_snapshot):
     namespace: dict = {}
     exec(compile(_docs_example(), str(DOC), "exec"), namespace)  # registers "repeat"
-    assert get_proposer("repeat").factory is namespace["repeat_proposer_for"]
+    assert get_proposer("repeat").factory is namespace["repeat_proposer"]
     drafter = load_drafter_spec(target, "repeat:3")
     assert isinstance(drafter, namespace["RepeatProposer"]) and drafter.eval_source == "repeat:3"
     ids, mask = ragged_prompts(3, seed=4)

@@ -10,8 +10,9 @@ from transformers import GenerationConfig
 
 from hf_dspark.diagnostics import COUNTED, SyncCounter
 from hf_dspark.generation import loop as loop_module
+from hf_dspark.generation import prompt_lookup_for, suffix_proposer_for
 from hf_dspark.profiling.step_curve import StepCurve
-from hf_dspark.proposers import hybrid_for, prompt_lookup_for, suffix_proposer_for
+from hf_dspark.proposers import hybrid_for
 from hf_dspark.proposers.hybrid import DSPARK, LOOKUP
 from tests.helpers import make_drafter, make_target, ragged_prompts
 

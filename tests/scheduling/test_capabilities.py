@@ -10,10 +10,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from hf_dspark.generation import oracle_for
 from hf_dspark.generation import policy as generation_policy
 from hf_dspark.generation.options import DSparkGenerationOptions
 from hf_dspark.profiling.step_curve import StepCurve
-from hf_dspark.proposers import oracle_for
 from hf_dspark.scheduling import (
     AutoPolicy,
     BasePolicy,

@@ -5,8 +5,8 @@ import torch
 
 from hf_dspark import DSparkConfig, DSparkDrafter
 from hf_dspark.eval.serve import ServeConfig, run_serve_benchmark
+from hf_dspark.generation import oracle_for
 from hf_dspark.profiling.step_curve import StepCurve
-from hf_dspark.proposers.oracle import oracle_for
 from hf_dspark.scheduling.verification_policy import VerificationPolicy
 from hf_dspark.serving.engine import DSparkEngine
 from tests.helpers import make_drafter, make_target, ragged_prompts

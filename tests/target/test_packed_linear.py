@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_dspark.proposers.oracle import oracle_for
+from hf_dspark.generation import oracle_for
 from hf_dspark.target import packed_linear
 from hf_dspark.target.packed_linear import PackedLinears, linear_packs_for, packed_linears, unpackable_reason
 from tests.helpers import make_drafter, make_target, ragged_prompts

@@ -142,7 +142,7 @@ def test_compact_and_select_rows_index_each_layer_on_its_own_device():
 def test_sdpa_batch_without_holes_runs_without_a_mask_and_matches_plain():
     """A batch whose cache has no holes (one unpadded row, every draft accepted) needs no mask: SDPA gets none,
     and greedy output stays plain's; a ragged batch still gets its 2D mask."""
-    from hf_dspark.proposers.oracle import oracle_for
+    from hf_dspark.generation import oracle_for
     from tests.helpers import make_target, ragged_prompts
 
     model = make_target("llama", seed=3, eos_token_id=None)

@@ -109,10 +109,12 @@ def load_drafter_spec(target, spec: str):
     `hf_dspark.proposers.build_proposer`), `untrained[:γ]` (a random DSpark drafter) or a trained drafter (native,
     serving-engine or DFlash layout). Its `eval_source` is `spec`."""
     from ..drafter import DSparkDrafter
+    from ..generation import enable
     from ..proposers import build_proposer, split_proposer_spec
 
     if split_proposer_spec(spec) is not None:
         drafter = build_proposer(target, spec, lambda inner: load_drafter_spec(target, inner))
+        enable(target)
         drafter.eval_source = spec
         return drafter
     if spec == "untrained" or spec.startswith("untrained:"):

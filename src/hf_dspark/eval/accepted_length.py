@@ -24,10 +24,10 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 
 from ..drafter import DSparkDrafter
+from ..generation import prompt_lookup_for
 from ..io_utils import check_replaceable
 from ..profiling.target_steps import cache_root
 from ..provenance import processor_kind
-from .prompt_lookup import prompt_lookup_for
 from .prompts import chat_input_ids, check_output_path, check_prompt_files, load_prompt_set, set_names
 from .work_file import WorkFile, drafter_identity, target_identity
 

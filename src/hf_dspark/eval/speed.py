@@ -22,8 +22,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers.utils import logging
 
+from ..generation import oracle_for
 from ..io_utils import check_replaceable, write_json_atomic
-from ..proposers.oracle import oracle_for
 from ..provenance import processor_kind, result_provenance
 from ..scheduling import PolicyMemory
 from .prompts import chat_input_ids, check_prompt_files, load_prompt_set
@@ -41,6 +41,8 @@ SPEED_METHOD_CHOICES = (
     "dspark_auto",
     "hybrid",
     "hybrid_auto",
+    "dspark_tree",
+    "hybrid_tree",
     "oracle",
 )
 DEFAULT_SPEED_METHODS = (
@@ -77,8 +79,11 @@ class SpeedConfig:
     methods: what runs beside plain (`SPEED_METHOD_CHOICES`): prompt_lookup (transformers'
         `prompt_lookup_num_tokens`), lookup (this package's `PromptLookupProposer` in the DSpark loop, ℓ = γ),
         dflash, dspark (ℓ = γ), scheduler (`dspark_<scheduler>`), dspark_auto, hybrid (the DSpark drafter and
-        prompt lookup chosen per row and round, ℓ = γ), hybrid_auto (the hybrid with "auto"), oracle. Methods
-        that need a drafter are skipped without one; `auto`, `untrained` and `unpacked` still add their runs.
+        prompt lookup chosen per row and round, ℓ = γ), hybrid_auto (the hybrid with "auto"), dspark_tree and
+        hybrid_tree (draft trees of `tree_budget` nodes a round, `dspark_tree_budget`; with `auto` also
+        `*_tree_auto`, "auto" sizing the trees up to it), oracle. Methods that need a drafter are skipped without
+        one; `auto`, `untrained` and `unpacked` still add their runs.
+    tree_budget: nodes per round (the anchor included) of the tree methods (≥ 2).
     out: JSON result path (default `benchmarks/results/<processor kind>/speed.json`, this CPU's kind; a PNG plot is
         written beside it). An existing file there must be an earlier speed report (it is replaced) unless
         `overwrite`.
@@ -99,6 +104,7 @@ class SpeedConfig:
     untrained: bool = False
     unpacked: bool = False
     methods: list[str] = field(default_factory=lambda: list(DEFAULT_SPEED_METHODS))
+    tree_budget: int = 16
     out: str = field(default_factory=lambda: f"benchmarks/results/{processor_kind()}/speed.json")
     overwrite: bool = False
 
@@ -109,6 +115,9 @@ class SpeedConfig:
         unknown = [m for m in self.methods if m not in SPEED_METHOD_CHOICES]
         if unknown:
             raise ValueError(f"unknown speed methods {unknown}; choose from {list(SPEED_METHOD_CHOICES)}")
+        if type(self.tree_budget) is not int or self.tree_budget < 2:
+            raise ValueError(f"tree_budget must be an int >= 2 (nodes a round, the anchor included), got "
+                             f"{self.tree_budget!r}")
         check_replaceable(self.out, SPEED_REPORT_KEYS, "an hf-dspark bench speed report", self.overwrite)
 
 
@@ -133,7 +142,8 @@ class SpeedDrafters:
 
 def speed_drafters(config: SpeedConfig, target, drafter=None, baseline=None) -> SpeedDrafters:
     """The `SpeedDrafters` that `config` asks for, built around `drafter` (bound to `target`)."""
-    from ..proposers import hybrid_for, prompt_lookup_for
+    from ..generation import prompt_lookup_for
+    from ..proposers import hybrid_for
 
     untrained = hybrid = None
     if config.untrained and drafter is not None:
@@ -141,7 +151,7 @@ def speed_drafters(config: SpeedConfig, target, drafter=None, baseline=None) -> 
 
         torch.manual_seed(0)
         untrained = DSparkDrafter(drafter.config).eval().bind_target(target)
-    if drafter is not None and {"hybrid", "hybrid_auto"} & set(config.methods):
+    if drafter is not None and {"hybrid", "hybrid_auto", "hybrid_tree"} & set(config.methods):
         hybrid = hybrid_for(drafter, "prompt-lookup")
     lookup = None
     if "lookup" in config.methods:
@@ -155,6 +165,8 @@ def selected(name: str, config: SpeedConfig) -> bool:
         return True
     if name.startswith("oracle_g"):
         return "oracle" in config.methods
+    if name.endswith("_tree_auto"):
+        return name.removesuffix("_auto") in config.methods
     if config.scheduler and name == f"dspark_{config.scheduler}" and name != "dspark_auto":
         return "scheduler" in config.methods
     return name in config.methods
@@ -184,6 +196,20 @@ class _MethodBuilder:
     def plain(self, **options):
         return lambda: self.target.generate(self.input_ids, **options, **self.common), None
 
+    def tree(self, drafter, budget: int, auto: str | None = None):
+        """A draft-tree method (fixed policy, or "auto" sharing `memories[auto]`). min_new_tokens = max_new_tokens
+        bans EOS at every position; said as `suppress_tokens` (the same scores), which, unlike the length floor,
+        is the same on every branch, so trees can run."""
+        eos = self.target.generation_config.eos_token_id
+        common = {**self.common, "dspark_tree_budget": budget}
+        if eos is not None:
+            common.update(min_new_tokens=None, suppress_tokens=[eos] if isinstance(eos, int) else list(eos))
+        policy = dict(dspark_policy="fixed")
+        if auto is not None:
+            memory = self.memories.setdefault(auto, PolicyMemory())
+            policy = dict(dspark_policy="auto", dspark_policy_memory=memory, **self.curve)
+        return lambda: self.target.generate(self.input_ids, assistant_model=drafter, **policy, **common), drafter
+
 
 def _methods(build: _MethodBuilder, reference, config: SpeedConfig, drafters: SpeedDrafters) -> dict:
     """Every method of one prompt that `config` selects, in run order: name -> (fn, drafter or None)."""
@@ -208,6 +234,12 @@ def _methods(build: _MethodBuilder, reference, config: SpeedConfig, drafters: Sp
     if drafters.hybrid is not None:
         methods["hybrid"] = build.fixed(drafters.hybrid)
         methods["hybrid_auto"] = build.auto("hybrid_auto", drafters.hybrid)
+    trees = {"dspark": drafter, "hybrid": drafters.hybrid}
+    for kind, owner in trees.items():  # draft trees: a fixed node budget, and "auto" sizing them up to it
+        if owner is not None and f"{kind}_tree" in config.methods:
+            methods[f"{kind}_tree"] = build.tree(owner, config.tree_budget)
+            if config.auto:
+                methods[f"{kind}_tree_auto"] = build.tree(owner, config.tree_budget, f"{kind}_tree_auto")
     if drafters.untrained is not None:
         methods["untrained"] = build.fixed(drafters.untrained)
         methods["untrained_auto"] = build.auto("untrained_auto", drafters.untrained)
@@ -237,6 +269,8 @@ def _timed_row(fn, owner, input_ids, reference) -> dict:
         rounds=stats.rounds if stats else None,
         identical=bool(torch.equal(out, reference)),
     )
+    if stats is not None and stats.tree_nodes:  # tree methods: drafts verified per round (τ's price)
+        row["mean_tree_nodes"] = stats.mean_tree_nodes
     if counts:  # the hybrid: the share of its row-proposals that came from prompt lookup
         dspark, lookup = (after - before for after, before in zip(owner.source_counts, counts))
         row["lookup_share"] = lookup / max(dspark + lookup, 1)
@@ -284,6 +318,10 @@ def _method_order(name: str) -> tuple[int, int, str]:
         "dspark": 4,
         "hybrid": 6,
         "hybrid_auto": 7,
+        "dspark_tree": 7,
+        "dspark_tree_auto": 7,
+        "hybrid_tree": 7,
+        "hybrid_tree_auto": 7,
         "untrained": 8,
         "untrained_auto": 9,
     }
@@ -323,6 +361,7 @@ def _method_summary(mine: list[dict], base: dict) -> dict:
     ratios = [r["tokens_per_second"] / base[(r["prompt"], r["repeat"])] for r in mine]
     taus = [r["accepted_length"] for r in mine if r["accepted_length"] is not None]
     shares = [r["lookup_share"] for r in mine if "lookup_share" in r]
+    nodes = [r["mean_tree_nodes"] for r in mine if "mean_tree_nodes" in r]
     cell = {
         "median_tokens_per_second": statistics.median(r["tokens_per_second"] for r in mine),
         "mean_accepted_length": statistics.mean(taus) if taus else None,
@@ -332,6 +371,8 @@ def _method_summary(mine: list[dict], base: dict) -> dict:
     }
     if shares:
         cell["lookup_share"] = statistics.mean(shares)
+    if nodes:
+        cell["mean_tree_nodes"] = statistics.mean(nodes)
     return cell
 
 

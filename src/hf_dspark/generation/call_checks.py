@@ -38,10 +38,10 @@ from transformers import GenerationConfig
 from transformers.utils import logging
 
 from ..model.binding import bind_drafter, follow_target_moves
+from ..proposers.base import DraftModel, is_draft_model
 from ..target.checks import check_attention_implementation, check_target, rope_reach_refusal, rope_threshold
 from ..target.ragged_cache import attention_layout
 from ..target.static_cache import STATIC_PATH_CACHES
-from .drafting import DraftModel, is_draft_model
 
 logger = logging.get_logger(__name__)
 
@@ -151,7 +151,7 @@ OTHER_DRAFTING = {
     "for early-exit drafting.",
     "prompt_lookup_num_tokens": "drafts by prompt lookup instead of with the assistant_model. Drop it to draft with "
     "DSpark; for prompt lookup in DSpark's batched loop pass assistant_model="
-    "hf_dspark.proposers.prompt_lookup_for(target, γ).",
+    "hf_dspark.generation.prompt_lookup_for(target, γ).",
     "use_mtp": "drafts with the target's own multi-token prediction heads instead of the assistant_model. Drop "
     "use_mtp to draft with DSpark.",
     "speculation_type": "selects transformers' own candidate generator for that kind of drafter, while a DSpark "

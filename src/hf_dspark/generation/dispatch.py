@@ -32,10 +32,10 @@ import functools
 
 import torch
 
+from ..proposers.base import DraftModel, is_draft_model
 from ..target.output_cache import CallCache, returned_cache
 from .call_checks import check_cache_implementation, check_call, check_prompt_ids
 from .candidate_generator import DSparkCandidateGenerator
-from .drafting import DraftModel, is_draft_model
 from .loop import dspark_decoding
 from .options import OBSERVERS, DSparkGenerationOptions, configured_option
 

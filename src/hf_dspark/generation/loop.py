@@ -34,7 +34,7 @@ from .streaming import CommitStreamer
 from .tree_round import round_kernel, verify_block_size
 
 if TYPE_CHECKING:
-    from .drafting import DraftModel
+    from ..proposers.base import DraftModel
 
 logger = logging.get_logger(__name__)
 

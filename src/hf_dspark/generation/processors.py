@@ -3,8 +3,8 @@
 Plain `generate` calls the processor list once per step on the whole batch. Here rows advance by different
 numbers of tokens per round and each round needs processed distributions at several positions per row, so:
 
-- history-free processors (temperature, top-k, top-p, min-p, typical, epsilon, eta) are applied to any stack of
-  rows at once, since their output depends on the scores alone;
+- history-free processors (temperature, top-k, top-p, min-p, typical, epsilon, eta, `suppress_tokens`) are applied
+  to any stack of rows at once, since their output depends on the scores alone;
 - every other processor (repetition penalty, n-gram blocking, min-length, ...) is applied row by row, with a
   per-row copy of the processor list whose per-row tensors (`batch_attributes`; token-id lists are shared by every
   row, whatever their length) are sliced to that row, and the row's full history (its original left padding
@@ -50,6 +50,7 @@ HISTORY_FREE = (
     TypicalLogitsWarper,
     EpsilonLogitsWarper,
     EtaLogitsWarper,
+    lp.SuppressTokensLogitsProcessor,  # the same tokens at every position
 )
 
 # Output for a row depends on that row's input_ids and scores only, no state across calls (audited transformers 5).

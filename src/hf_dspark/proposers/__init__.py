@@ -7,9 +7,9 @@ from functools import partial
 import torch
 
 from .hybrid import HybridDrafter, hybrid_for
-from .lookup import PromptLookupProposer, SuffixProposer, prompt_lookup_for, suffix_proposer_for
+from .lookup import PromptLookupProposer, SuffixProposer, prompt_lookup_proposer, suffix_proposer
 from .ngram import NgramIndex
-from .oracle import OracleDrafter, oracle_for
+from .oracle import OracleDrafter, oracle_proposer
 from .registry import (
     DEFAULT_BLOCK_SIZE,
     ProposerSpec,
@@ -22,8 +22,8 @@ from .registry import (
 )
 from .scoring import choose_sources
 
-register_proposer("prompt-lookup", prompt_lookup_for, description="n-gram lookup in the request's own context")
-register_proposer("suffix", suffix_proposer_for, description="suffix matching over the context and earlier requests")
+register_proposer("prompt-lookup", prompt_lookup_proposer, description="n-gram lookup in the request's own context")
+register_proposer("suffix", suffix_proposer, description="suffix matching over the context and earlier requests")
 register_proposer(
     "hybrid",
     partial(hybrid_for, kind="prompt-lookup"),
@@ -38,7 +38,7 @@ register_proposer(
 )
 register_proposer(
     "oracle",
-    partial(oracle_for, sequences=torch.zeros(0, 0, dtype=torch.long), prompt_mask=torch.zeros(0, 0)),
+    partial(oracle_proposer, sequences=torch.zeros(0, 0, dtype=torch.long), prompt_mask=torch.zeros(0, 0)),
     description="the target's own greedy continuation (set its `reference` first): the loop's ceiling",
     needs_reference=True,
 )
@@ -56,10 +56,10 @@ __all__ = [
     "choose_sources",
     "get_proposer",
     "hybrid_for",
-    "oracle_for",
-    "prompt_lookup_for",
+    "oracle_proposer",
+    "prompt_lookup_proposer",
     "proposers_help",
     "register_proposer",
     "split_proposer_spec",
-    "suffix_proposer_for",
+    "suffix_proposer",
 ]

@@ -28,12 +28,12 @@ from typing import Any
 
 import torch
 
-from ..generation.drafting import DraftModel
 from ..model.binding import STOCK_LOOP_READS, stock_loop_error
 from ..model.modeling_outputs import DSparkProposal
 from ..model.tree_proposal import propose_tree
 from ..ops.tree import TreeProposal, merge_branch
 from ..transfer import upload
+from .base import DraftModel
 from .lookup import (
     PromptLookupProposer,
     RowMatchState,

@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..generation.dispatch import enable
-from ..generation.drafting import ModelFreeDrafter
 from ..model.configuration_dspark import EMBEDDING_TAP, DSparkConfig
 from ..model.modeling_outputs import DSparkProposal
 from ..transfer import HOST, download, upload
+from .base import ModelFreeDrafter
 from .ngram import NgramIndex
 
 
@@ -190,13 +189,13 @@ def _model_free_config(target, block_size: int) -> DSparkConfig:
     )
 
 
-def prompt_lookup_for(target, block_size: int, max_ngram: int = 3) -> PromptLookupProposer:
-    """A prompt-lookup proposer for `target` (DSpark generate enabled on it)."""
-    enable(target)
+def prompt_lookup_proposer(target, block_size: int, max_ngram: int = 3) -> PromptLookupProposer:
+    """A prompt-lookup proposer shaped for `target` (`hf_dspark.generation.prompt_lookup_for` also enables DSpark
+    generate on the target)."""
     return PromptLookupProposer(_model_free_config(target, block_size), max_ngram=max_ngram)
 
 
-def suffix_proposer_for(target, block_size: int, max_ngram: int = 8, max_tokens: int = 1 << 18) -> SuffixProposer:
-    """A suffix proposer for `target` (DSpark generate enabled on it)."""
-    enable(target)
+def suffix_proposer(target, block_size: int, max_ngram: int = 8, max_tokens: int = 1 << 18) -> SuffixProposer:
+    """A suffix proposer shaped for `target` (`hf_dspark.generation.suffix_proposer_for` also enables DSpark
+    generate on the target)."""
     return SuffixProposer(_model_free_config(target, block_size), max_ngram=max_ngram, max_tokens=max_tokens)

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ..generation.dispatch import enable
-from ..generation.drafting import ContextLengths, ModelFreeDrafter
 from ..model.configuration_dspark import EMBEDDING_TAP, DSparkConfig
 from ..model.modeling_outputs import DSparkProposal
+from .base import ContextLengths, ModelFreeDrafter
 
 
 class OracleDrafter(ModelFreeDrafter):
@@ -51,11 +50,11 @@ class OracleDrafter(ModelFreeDrafter):
         return DSparkProposal(drafts, self.one_hot(drafts, bool(return_probs or do_sample)), ones, ones * 0.99)
 
 
-def oracle_for(target, block_size: int, sequences: torch.Tensor, prompt_mask: torch.Tensor) -> OracleDrafter:
-    """An oracle for `target` (DSpark generate enabled on it) with `sequences` as references."""
+def oracle_proposer(target, block_size: int, sequences: torch.Tensor, prompt_mask: torch.Tensor) -> OracleDrafter:
+    """An oracle shaped for `target` with `sequences` as references (`hf_dspark.generation.oracle_for` also enables
+    DSpark generate on the target)."""
     config = DSparkConfig.from_target(target.config, block_size=block_size, num_hidden_layers=1, head_type="none",
                                       use_confidence_head=False, target_layer_ids=[EMBEDDING_TAP])  # taps nothing
     oracle = OracleDrafter(config)
-    enable(target)
     oracle.set_reference(sequences, prompt_mask)
     return oracle

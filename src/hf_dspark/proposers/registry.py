@@ -31,7 +31,8 @@ class ProposerSpec:
     Args:
         name: its spelling in specs (lower-case letters, digits, `-`, `_`).
         factory: `factory(target, block_size)` or, with `argument="drafter"`, `factory(drafter)`; returns a
-            `DraftModel` bound to the target (DSpark generate enabled on it).
+            `DraftModel` shaped for the target (the caller enables DSpark generate on the target:
+            `hf_dspark.enable(target)`).
         argument: `"block_size"` (`NAME[:γ]`) or `"drafter"` (`NAME:DRAFTER`).
         description: one line for help texts and errors.
         needs_reference: proposes from reference continuations the caller sets after building it (the oracle's
@@ -111,8 +112,9 @@ def split_proposer_spec(spec: str) -> tuple[ProposerSpec, str] | None:
 
 
 def build_proposer(target, spec: str, load_drafter: Callable[[str], Any]):
-    """The drafter a registered spec names, bound to `target`; `load_drafter(spec)` loads the DSpark drafter of a
-    `NAME:DRAFTER` spec (bound to `target`). A `ValueError` for an unregistered NAME or a bad argument."""
+    """The drafter a registered spec names, shaped for `target` (enable DSpark generate on it to use it);
+    `load_drafter(spec)` loads the DSpark drafter of a `NAME:DRAFTER` spec (bound to `target`). A `ValueError` for an
+    unregistered NAME or a bad argument."""
     found = split_proposer_spec(spec)
     if found is None:
         get_proposer(spec.partition(":")[0])  # raises, listing the registered names

@@ -60,7 +60,7 @@ from .inputs import (
 from .requests import DEFAULT_MAX_FINISHED, EngineRequest, EngineRoundRecord, FinishedRequests
 
 if TYPE_CHECKING:
-    from ..generation.drafting import DraftModel
+    from ..proposers.base import DraftModel
 
 
 class DSparkEngine(EngineFaults):
@@ -336,6 +336,7 @@ class DSparkEngine(EngineFaults):
                 time.perf_counter() - start,
                 record.drafted,
                 record.policy_seconds,
+                record.nodes_verified,
             )
         )
         return events

@@ -20,7 +20,7 @@ from ..scheduling.verification_policy import VerificationPolicy
 from ..target.checks import rope_reach_refusal, rope_threshold
 
 if TYPE_CHECKING:
-    from ..generation.drafting import DraftModel
+    from ..proposers.base import DraftModel
 
 
 def sampling_warpers(

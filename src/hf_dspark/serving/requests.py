@@ -45,7 +45,8 @@ class EngineRequest:
 @dataclass
 class EngineRoundRecord:
     """running: rows in the round; verify_lens / committed: per row; drafted: rows that ran the drafter;
-    seconds: the whole `step` (admission included); policy_seconds: the policy's decisions."""
+    seconds: the whole `step` (admission included); policy_seconds: the policy's decisions; nodes_verified: a tree
+    round's drafts verified per row (`RoundRecord.nodes_verified`), None for chains."""
 
     running: int
     verify_lens: list[int]
@@ -53,6 +54,7 @@ class EngineRoundRecord:
     seconds: float
     drafted: int = 0
     policy_seconds: float = 0.0
+    nodes_verified: list[int] | None = None
 
 
 class FinishedRequests:

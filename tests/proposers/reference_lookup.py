@@ -1,13 +1,6 @@
-"""Prompt lookup for side-by-side τ: the library's `PromptLookupProposer` (`hf_dspark.proposers`), and the plain
-list reference implementation its index is tested against."""
+"""A plain-list prompt lookup, the reference `PromptLookupProposer`'s n-gram index is tested against."""
 
 from __future__ import annotations
-
-from ..proposers.lookup import PromptLookupProposer, prompt_lookup_for
-
-PromptLookupDrafter = PromptLookupProposer
-
-__all__ = ["PromptLookupDrafter", "lookup_continuation", "prompt_lookup_for"]
 
 
 def lookup_continuation(history: list[int], length: int, max_ngram: int = 3) -> list[int]:
