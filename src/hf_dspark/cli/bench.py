@@ -36,6 +36,14 @@ def default_out(name: str, device: str) -> str:
     return f"benchmarks/results/{processor_kind(resolve_device(device))}/{name}.json"
 
 
+def tree_budget(text: str) -> int:
+    """argparse type of --tree-budget: an int >= 2 (the anchor and at least one draft)."""
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"a tree needs >= 2 nodes (the anchor and a draft), got {text!r}")
+    return value
+
+
 def _dtype(args: argparse.Namespace) -> str:
     from ..hardware import resolve_dtype
 
@@ -74,6 +82,7 @@ def cmd_bench_speed(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             unpacked=args.unpacked,
             methods=args.methods,
+            tree_budget=args.tree_budget,
         )
     except ValueError as error:
         args.parser.error(str(error))
@@ -99,9 +108,10 @@ def _print_speed(report: dict) -> None:
             tau = "" if row["mean_accepted_length"] is None else f"  τ={row['mean_accepted_length']:.2f}"
             low, high = row.get("ratio_interquartile_range", (row["median_ratio_to_plain"],) * 2)
             same = "" if row["all_outputs_identical_to_plain"] else "  OUTPUT DIFFERS FROM PLAIN"
+            nodes = f"  nodes={row['mean_tree_nodes']:.1f}" if "mean_tree_nodes" in row else ""
             print(
                 f"  {name:20s} {row['median_tokens_per_second']:7.2f}  x{row['median_ratio_to_plain']:.2f} "
-                f"[{low:.2f}, {high:.2f}]{tau}{same}"
+                f"[{low:.2f}, {high:.2f}]{tau}{nodes}{same}"
             )
     if report.get("macro"):
         print("\nmacro (mean over sets of the median ratios to plain):")
@@ -151,6 +161,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
             repeats=args.repeats,
             out=args.out,
             overwrite=args.overwrite,
+            tree_budget=args.tree_budget,
         )
     except ValueError as error:
         args.parser.error(str(error))
@@ -186,6 +197,7 @@ def cmd_bench_serve(args: argparse.Namespace) -> int:
         print(
             f"{row['policy']:10s} {row['concurrency']:3d} {row['aggregate_tokens_per_second']:10.2f} "
             f"{row['per_user_tokens_per_second']:10.2f} {row['mean_verify_len']:7.2f}"
+            + (f"  tree nodes {row['mean_tree_nodes']:.2f}" if "mean_tree_nodes" in row else "")
         )
     print()
     print("\n".join(ratio_table(report["ratios_to_plain"])))
@@ -268,8 +280,15 @@ def _add_speed_command(bench) -> None:
         help="what runs beside plain generate, each timed interleaved with it: prompt_lookup "
         "(transformers' prompt_lookup_num_tokens), lookup (this package's prompt lookup in the DSpark "
         "loop), dflash, dspark (ℓ = γ), scheduler (dspark_<--scheduler>), dspark_auto, hybrid (DSpark "
-        "or prompt lookup per row and round, ℓ = γ), hybrid_auto, oracle (default: "
+        "or prompt lookup per row and round, ℓ = γ), hybrid_auto, dspark_tree / hybrid_tree (draft trees of "
+        "--tree-budget nodes; with auto also *_tree_auto, auto sizing them), oracle (default: "
         f"{' '.join(DEFAULT_SPEED_METHODS)})",
+    )
+    speed.add_argument(
+        "--tree-budget",
+        type=tree_budget,
+        default=16,
+        help="nodes a round (the anchor included, >= 2) of the dspark_tree / hybrid_tree methods",
     )
     speed.add_argument("--no-drafter", action="store_true", help="only plain, prompt lookup and the oracle")
     speed.add_argument(
@@ -344,6 +363,13 @@ def _add_serve_command(bench) -> None:
         help="serve with the hybrid drafter: per request and round, the DSpark drafter (--drafter or "
         "the shipped one) or prompt lookup over the request's context, chosen from lagged acceptance "
         "(lossless); auto prices lookup rounds as free",
+    )
+    serve.add_argument(
+        "--tree-budget",
+        type=tree_budget,
+        default=None,
+        help="draft trees of at most this many nodes a round (the anchor included, >= 2) for every drafting "
+        "policy: auto sizes them by cost, the others verify them whole (default: chains)",
     )
     add_runtime_arguments(serve, threads=2)
     serve.add_argument(

@@ -3,7 +3,8 @@
 For each concurrency C and policy, C clients keep one request in flight each until `requests_per_level`
 requests have finished (closed loop), or requests arrive at `arrival_rate` per second (Poisson). Reported per
 (policy, C): aggregate tokens/s (all generated tokens / wall time), per-user tokens/s (mean over requests of
-tokens / (finish − admission)), and the mean verification budget ℓ per request per round. Plots: the
+tokens / (finish − admission)), and the mean verification budget ℓ per request per round (with draft trees,
+`tree_budget`, also the mean drafts verified per request per round: a tree's nodes). Plots: the
 throughput vs per-user speed frontier (paper Fig. 7) and the mean budget vs load (Fig. 8).
 """
 
@@ -48,6 +49,8 @@ class ServeConfig:
     out: JSON path (default `benchmarks/results/<processor kind>/serve.json`, this CPU's kind; PNGs beside it). An
         existing file there must be an earlier serve report (it is replaced) unless `overwrite`.
     overwrite: replace an existing `out` that is not an `hf-dspark bench serve` report.
+    tree_budget: every drafting policy verifies draft trees of at most this many nodes a round (the engine's
+        `tree_budget`; "auto" sizes them by cost up to it, the others verify it whole), or None for chains.
     """
 
     concurrency: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
@@ -61,6 +64,7 @@ class ServeConfig:
     seed: int = 0
     out: str = field(default_factory=lambda: f"benchmarks/results/{processor_kind()}/serve.json")
     overwrite: bool = False
+    tree_budget: int | None = None
 
     def __post_init__(self) -> None:
         self.policies = [p if p in ("fixed1",) else canonical_policy_name(p) for p in self.policies]
@@ -70,6 +74,8 @@ class ServeConfig:
             raise ValueError(f"unknown policies {unknown}; choose from {list(choices)}")
         if any(c < 1 for c in self.concurrency) or self.requests_per_level < 1 or self.repeats < 1:
             raise ValueError("concurrency levels, requests_per_level and repeats must be >= 1")
+        if self.tree_budget is not None and (type(self.tree_budget) is not int or self.tree_budget < 2):
+            raise ValueError(f"tree_budget must be None (chains) or an int >= 2, got {self.tree_budget!r}")
         check_replaceable(self.out, SERVE_REPORT_KEYS, "an hf-dspark bench serve report", self.overwrite)
 
 
@@ -147,6 +153,8 @@ def run_level(
     per_user = [len(r.generated) / max(r.finished_at - r.admitted, 1e-9) for r in done]
     budgets = [v for rec in engine.records for v in rec.verify_lens]
     policy_seconds = sum(rec.policy_seconds for rec in engine.records)
+    nodes = [v for rec in engine.records if rec.nodes_verified is not None for v in rec.nodes_verified]
+    trees = {"mean_tree_nodes": statistics.mean(nodes)} if nodes else {}
     return {
         "aggregate_tokens_per_second": tokens / wall,
         "per_user_tokens_per_second": statistics.mean(per_user),
@@ -159,6 +167,7 @@ def run_level(
         "drafted_round_fraction": sum(rec.drafted > 0 for rec in engine.records) / max(len(engine.records), 1),
         "policy_seconds_per_round": policy_seconds / max(len(engine.records), 1),
         "policy_share_of_round_time": policy_seconds / max(sum(rec.seconds for rec in engine.records), 1e-12),
+        **trees,
     }
 
 
@@ -212,7 +221,11 @@ def run_serve_benchmark(
             memory=memory,
         )
         engine = DSparkEngine(
-            target, None if policy == "none" else drafter, policy=policy, max_running=max(config.concurrency)
+            target,
+            None if policy == "none" else drafter,
+            policy=policy,
+            max_running=max(config.concurrency),
+            tree_budget=None if policy == "none" else config.tree_budget,
         )
         total = max(config.requests_per_level, concurrency)
         metrics = run_level(engine, prompts, concurrency, total, config.max_new_tokens, config.arrival_rate, rng)
