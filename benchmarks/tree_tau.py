@@ -5,8 +5,9 @@ SmolLM2-135M-Instruct target, CPU, torch pinned to `--threads` threads (default 
 configuration at batch 1: the chain (`dspark_policy="fixed"`, γ drafts a round: γ + 1 nodes verified a row) and a
 tree of each `--budgets` node count (`dspark_tree_budget`). τ is the mean of tokens committed per round (the bonus
 token included, `DSparkGenerationStats.mean_accepted_length`); each tree's gain is the median over prompts of the
-paired ratio τ_tree / τ_chain (sampled runs share their seed per prompt). The plot shows τ against the nodes
-verified per row and round.
+paired ratio τ_tree / τ_chain (sampled runs share their seed per prompt), beside the mean drafts verified per row
+and round (`nodes_<config>`: a chain's ℓ, a tree's nodes beyond the anchor, `DSparkGenerationStats.tree_nodes`).
+The plot shows τ against the nodes verified per row and round.
 
     python benchmarks/tree_tau.py --prompts 2 --budgets 8 16 --max-new-tokens 32     # a smoke run
     python benchmarks/tree_tau.py                                                    # the record
@@ -32,8 +33,9 @@ SETS = ["gsm8k", "humaneval", "mt-bench"]
 
 
 def run_tau(target, drafter, input_ids: torch.Tensor, temperature: float, budget: int | None, max_new_tokens: int,
-            seed: int) -> float:
-    """τ of one generate call: a chain (budget None) or a tree of `budget` nodes."""
+            seed: int) -> tuple[float, float]:
+    """(τ, mean drafts verified per row and round) of one generate call: a chain (budget None) or a tree of
+    `budget` nodes."""
     kwargs = dict(max_new_tokens=max_new_tokens, assistant_model=drafter, dspark_policy="fixed", do_sample=False)
     if temperature:
         kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
@@ -42,30 +44,38 @@ def run_tau(target, drafter, input_ids: torch.Tensor, temperature: float, budget
     torch.manual_seed(seed)
     with torch.no_grad():
         target.generate(input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-    return float(drafter.last_generation_stats.mean_accepted_length)
+    stats = drafter.last_generation_stats
+    nodes = stats.mean_tree_nodes if stats.tree_nodes else stats.mean_verify_len
+    return float(stats.mean_accepted_length), float(nodes)
 
 
 def measure(target, tokenizer, drafter, args) -> dict:
-    """{temperature: {set: {"chain": [τ per prompt], "<budget>": [...]}}}."""
+    """({temperature: {set: {"chain": [τ per prompt], "<budget>": [...]}}}, the same of the drafts verified per row
+    and round)."""
     configs: list[int | None] = [None, *args.budgets]
     out: dict = {}
+    verified: dict = {}
     for temperature in args.temperatures:
         per_set = out.setdefault(str(temperature), {})
         for name in args.sets:
             items = load_prompt_set(name)[: args.prompts]
             taus = per_set.setdefault(name, {"chain" if b is None else str(b): [] for b in configs})
+            nodes = verified.setdefault(str(temperature), {}).setdefault(name, {key: [] for key in taus})
             for index, item in enumerate(items):
                 ids = chat_input_ids(tokenizer, item["turns"][:1])
                 for budget in configs:  # interleaved: machine noise and drift hit every configuration alike
-                    tau = run_tau(target, drafter, ids, temperature, budget, args.max_new_tokens, args.seed + index)
+                    tau, drafts = run_tau(target, drafter, ids, temperature, budget, args.max_new_tokens,
+                                          args.seed + index)
                     taus["chain" if budget is None else str(budget)].append(tau)
+                    nodes["chain" if budget is None else str(budget)].append(drafts)
                 latest = ", ".join(f"{key}={values[-1]:.2f}" for key, values in taus.items())
-                print(f"T={temperature} {name} prompt {index}: {latest}")
-    return out
+                print(f"T={temperature} {name} prompt {index}: {latest}", flush=True)
+    return out, verified
 
 
-def summarise(taus: dict, budgets: list[int]) -> dict:
-    """Per temperature and set: mean τ of each configuration and the median paired ratio tree / chain."""
+def summarise(taus: dict, budgets: list[int], verified: dict | None = None) -> dict:
+    """Per temperature and set: mean τ of each configuration, the median paired ratio tree / chain and the mean
+    drafts verified per row and round (`nodes_<config>`, when `verified` is given)."""
     summary: dict = {}
     for temperature, per_set in taus.items():
         for name, runs in per_set.items():
@@ -73,6 +83,9 @@ def summarise(taus: dict, budgets: list[int]) -> dict:
             for budget in budgets:
                 ratios = [t / c for t, c in zip(runs[str(budget)], runs["chain"]) if c > 0]
                 row[f"median_ratio_{budget}"] = round(statistics.median(ratios), 3) if ratios else None
+            if verified is not None:
+                for key, values in verified[temperature][name].items():
+                    row[f"nodes_{key}"] = round(statistics.fmean(values), 2)
             summary.setdefault(temperature, {})[name] = row
     return summary
 
@@ -118,11 +131,12 @@ def main() -> None:
     out = Path(args.out or ROOT / "benchmarks" / "results" / processor_kind() / "tree_tau.json")
     target, tokenizer = load_default_target(dtype=torch.float32)
     drafter = load_default_drafter(target, kind=args.kind)
-    taus = measure(target, tokenizer, drafter, args)
+    taus, verified = measure(target, tokenizer, drafter, args)
     result = {
         "threads": args.threads, "kind": args.kind, "gamma": drafter.config.block_size, "budgets": args.budgets,
         "prompts_per_set": args.prompts, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-        "summary": summarise(taus, args.budgets), "tau": taus, "provenance": result_provenance(),
+        "summary": summarise(taus, args.budgets, verified), "tau": taus, "nodes_verified": verified,
+        "provenance": result_provenance(),
     }
     write_json_atomic(out, result)
     plot(result, out.with_suffix(".png"))
