@@ -45,3 +45,19 @@ def test_serve_with_trees(tmp_path):
     with pytest.raises(ValueError, match="tree_budget"):
         ServeConfig(tree_budget=1, out=str(tmp_path / "serve.json"))
     assert torch.is_tensor(prompts[0])
+
+
+@pytest.mark.parametrize("command", ["speed", "serve"])
+@pytest.mark.parametrize(("value", "expected"), [("1", "a tree needs >= 2 nodes"), ("x", "expected an integer")])
+def test_cli_tree_budget_is_checked_before_loading(command, value, expected, capsys, monkeypatch):
+    from hf_dspark.cli import bench, main
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the target was loaded before the arguments were validated")
+
+    monkeypatch.setattr(bench, "load_target", forbidden)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", command, "--tree-budget", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--tree-budget" in err and expected in err, err
