@@ -105,7 +105,8 @@ class DSparkGenerationOptions:
         dspark_record_confidence: keep every round's confidence logits in the statistics.
         dspark_stock_loop: run transformers' own batch-1 assisted loop with the DSpark drafter.
         dspark_packed_weights: verify with oneDNN-packed weight copies (None: automatic).
-        dspark_tree_budget: draft-tree nodes per row and round, the anchor included (0 / None: chains).
+        dspark_tree_budget: draft-tree nodes per row and round, the anchor included (0 / None: chains); under
+            "auto" the most, each row's tree sized by cost.
         policy_options: the policies' own options the call sets, by their `dspark_*` name (`dspark_verify_len`,
             `dspark_threshold`, ...; `policy_option_help()` lists them), defaults and checks in each policy's
             `options_class`.
@@ -143,8 +144,8 @@ class DSparkGenerationOptions:
         _check_flag,
     ))
     dspark_tree_budget: int | None = field(default=None, metadata=_meta(
-        "an integer ≥ 2, verify draft trees of this many nodes per row and round, the anchor included (0 or unset: "
-        "chains)", _check_tree_budget,
+        "an integer ≥ 2, verify draft trees of this many nodes per row and round, the anchor included; under 'auto' "
+        "the most, each row's tree sized by cost (0 or unset: chains)", _check_tree_budget,
     ))
     policy_options: dict[str, Any] = field(
         default_factory=dict,
