@@ -13,7 +13,7 @@ from .loaders import DEVICE_HELP, DRAFTER_SPEC_HELP, DTYPE_CHOICES, device_name,
 from .prompt_sets import add_sets_arguments, resolve_sets
 from .validation import check_drafter_spec, check_output_parent
 
-EXIT_STATUS = {"pass": 0, "fail": 1, "inconclusive": 3}
+EXIT_STATUS = {"pass": 0, "pass (near-ties)": 0, "fail": 1, "inconclusive": 3}
 DEFAULT_DRAFTER = "default"
 
 

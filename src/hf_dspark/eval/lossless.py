@@ -200,8 +200,9 @@ def conditioned_tokens(plain: torch.Tensor, speculative: torch.Tensor, position:
 
 
 def two_proportion_interval(hits_a: int, n_a: int, hits_b: int, n_b: int, confidence: float = 0.95):
-    """(p_b − p_a, low, high): the difference of two success rates with a normal-approximation interval."""
-    p_a, p_b = hits_a / n_a, hits_b / n_b
+    """(p_b − p_a, low, high): the difference of two success rates and its Agresti–Caffo interval, centred on
+    p̃_b − p̃_a with p̃ = (hits + 1) / (n + 2), half-width z·√(Σ p̃(1 − p̃) / (n + 2)) (never empty at 0 or n hits)."""
     z = float(torch.special.ndtri(torch.tensor(0.5 + confidence / 2, dtype=torch.float64)))
-    half = z * (p_a * (1 - p_a) / n_a + p_b * (1 - p_b) / n_b) ** 0.5
-    return p_b - p_a, p_b - p_a - half, p_b - p_a + half
+    t_a, t_b = (hits_a + 1) / (n_a + 2), (hits_b + 1) / (n_b + 2)
+    half = z * (t_a * (1 - t_a) / (n_a + 2) + t_b * (1 - t_b) / (n_b + 2)) ** 0.5
+    return hits_b / n_b - hits_a / n_a, t_b - t_a - half, t_b - t_a + half

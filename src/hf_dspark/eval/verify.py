@@ -190,8 +190,8 @@ def quality_check(target, drafter, tokenizer, prompts: list[torch.Tensor], refer
     answered = sum(final_answer(text) is not None for text in wanted)
     difference, low, high = two_proportion_interval(hits["plain"], count, hits["speculative"], count,
                                                     config.confidence)
-    if accepted < config.min_accepted or answered == 0:
-        verdict = "inconclusive"
+    if accepted < config.min_accepted or answered == 0 or hits["plain"] + hits["speculative"] == 0:
+        verdict = "inconclusive"  # nothing accepted, no reference answer, or no answer matched in either arm
     else:
         verdict = "pass" if low <= 0 <= high else "fail"
     return {"verdict": verdict, "accepted_drafts": accepted, "metric": "final_answer_match (evaluate)",
@@ -220,5 +220,5 @@ def certify(target, drafter, prompts: list[torch.Tensor], config: VerifyConfig |
     elif any(report[name]["verdict"] == "inconclusive" for name in ("greedy", "sampling")):
         report["verdict"] = "inconclusive"
     else:
-        report["verdict"] = "pass"
+        report["verdict"] = "pass (near-ties)" if greedy["verdict"] == "pass (near-ties)" else "pass"
     return report
