@@ -18,7 +18,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from hf_dspark import DSparkDrafter
 from hf_dspark.model.configuration_dspark import DSparkConfig
 
-sys.path.insert(0, str(Path(__file__).parent / "training"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "training"))
 from tiny_helpers import make_byte_tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "device_train.py"
