@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from hf_dspark import DSparkConfig, DSparkDrafter, defaults, load_default_target
+from hf_dspark import DSparkConfig, DSparkDrafter, defaults, load_default_drafter, load_default_target
 from hf_dspark.eval.prompts import chat_input_ids
 from hf_dspark.generation import oracle_for
 from hf_dspark.proposers import HybridDrafter, PromptLookupProposer
@@ -39,7 +39,7 @@ def test_missing_package_names_the_install_command(monkeypatch):
 
 def test_missing_default_drafter_says_how_to_get_one(smollm2, tmp_path):
     with pytest.raises(FileNotFoundError, match="hf-dspark train"):
-        defaults.load_default_drafter(smollm2[0], path=tmp_path)
+        load_default_drafter(smollm2[0], path=tmp_path)
 
 
 @pytest.mark.slow
@@ -97,7 +97,7 @@ def test_shipped_drafters_are_bf16_calibrated_and_lossless(smollm2, variant, hea
     assert dtypes.get("d2t") == "I64" and dtypes.get("t2d") == "BOOL"
     assert "## Reproduce" in (folder / "README.md").read_text()
     model, tokenizer = smollm2
-    drafter = defaults.load_default_drafter(model, variant=variant, kind="dspark")
+    drafter = load_default_drafter(model, variant=variant, kind="dspark")
     config = drafter.config
     assert config.head_type == head and config.block_size == 7 and config.num_hidden_layers == 2
     assert config.draft_vocab_size == 8192 and drafter.draft_token_ids().numel() == 8192
@@ -115,7 +115,7 @@ def test_unknown_default_variant_is_refused():
 
 def test_default_drafter_is_the_hybrid_and_lossless(smollm2):
     model, tokenizer = smollm2
-    drafter = defaults.load_default_drafter(model)
+    drafter = load_default_drafter(model)
     assert isinstance(drafter, HybridDrafter) and isinstance(drafter.proposer, PromptLookupProposer)
     assert isinstance(drafter.drafter, DSparkDrafter) and drafter.config.block_size == 7
     ids = chat_input_ids(tokenizer, ["Repeat after me three times: the quick brown fox jumps over the lazy dog."])
@@ -127,4 +127,4 @@ def test_default_drafter_is_the_hybrid_and_lossless(smollm2):
 
 def test_unknown_default_drafter_kind_is_refused_before_loading():
     with pytest.raises(ValueError, match=r"kind 'eagle'.*\['hybrid', 'dspark'\]"):
-        defaults.load_default_drafter(None, kind="eagle")
+        load_default_drafter(None, kind="eagle")

@@ -119,12 +119,12 @@ def test_another_checkout_is_timed_in_a_worker(tmp_path):
     bench = _load()
     root = tmp_path / "checkout"
     root.mkdir()
-    (root / "src").symlink_to(SCRIPT.parents[2] / "src")
+    (root / "src").symlink_to(SCRIPT.parents[1] / "src")
     out = tmp_path / "before.json"
     argv = ["--batches", "1", "--new-tokens", "12", "--gamma", "2", "--repeats", "1", "--code-root", str(root)]
     assert bench.main([*argv, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert report["code"]["root"] == os.path.relpath(root.resolve(), SCRIPT.parents[2])
+    assert report["code"]["root"] == os.path.relpath(root.resolve(), SCRIPT.parents[1])
     assert report["code"]["git_commit"] is None
     assert not [word for word in report["provenance"]["command"].split() if word.startswith("/")]  # all relative
     assert {r["key"] for r in report["cases"] if r["error"] is None} == {

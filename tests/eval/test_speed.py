@@ -63,7 +63,7 @@ def test_bad_speed_config_is_refused(prompt_sets, tmp_path):
         SpeedConfig(prompt_files=prompt_sets, repeats=0)
     with pytest.raises(ValueError, match=r"unknown speed methods \['hybird'\]; choose from"):
         SpeedConfig(prompt_files=prompt_sets, methods=["hybrid", "hybird"])
-    with pytest.raises(ValueError, match=r"missing\.jsonl does not exist"):
+    with pytest.raises(ValueError, match=r"missing\.jsonl: no such file, and not a shipped set name"):
         SpeedConfig(prompt_files=[str(tmp_path / "missing.jsonl")])
 
 
