@@ -155,7 +155,7 @@ ABOVE_THE_NETWORK = tuple(_pkg(p) for p in ("interop", "eval", "training", "cli"
 NEVERS = {
     _pkg("ops"): LOOP + ABOVE_THE_NETWORK + (_pkg("model"),),
     _pkg("model"): LOOP + ABOVE_THE_NETWORK,
-    _pkg("scheduling"): LOOP + (_pkg("target"),),
+    _pkg("scheduling"): (*LOOP, _pkg("target")),
     _pkg("profiling"): LOOP,
     # what adapts the target and the drafters the loop drives sit below the loop and the engine
     _pkg("target"): (_pkg("generation"), _pkg("serving"), _pkg("proposers")),
