@@ -187,22 +187,6 @@ ASSISTANT_KNOBS = {
 }
 
 
-# transformers' knobs for how much its assistant drafts per round. A DSpark drafter proposes γ = block_size drafts
-# and its verification policy (`dspark_policy`) chooses how many to verify, so these would be silently ignored.
-# Each message is formatted with the drafter's block size (`gamma`).
-ASSISTANT_KNOBS = {
-    "num_assistant_tokens": "sets how many tokens transformers' assistant drafts per round; a DSpark drafter "
-    "proposes γ = {gamma} and its verification policy chooses how many to verify. For a fixed length pass "
-    "dspark_policy='fixed' (dspark_verify_len=N, 0..{gamma}; default γ), or keep the default 'auto' policy.",
-    "num_assistant_tokens_schedule": "adapts transformers' assistant draft length between rounds; DSpark's "
-    "policies choose the verification length of each row every round instead: drop it and keep the default "
-    "dspark_policy='auto', or pass dspark_policy='fixed' for a constant γ = {gamma}.",
-    "assistant_confidence_threshold": "stops transformers' assistant drafting where its confidence falls below "
-    "it; with DSpark pass dspark_policy='threshold' (prefix survival) or 'slot_threshold' (each slot) with "
-    "dspark_threshold=<value in [0, 1]> instead.",
-}
-
-
 @functools.cache
 def _transformers_defaults() -> dict:
     """The values transformers' `generate` fills in for settings left unset by the caller and the model."""
