@@ -8,20 +8,15 @@ import torch
 from hf_dspark.scheduling.verification_policy import VerificationPolicy
 from hf_dspark.serving.engine import DSparkEngine
 from hf_dspark.target import packed_linear
-from tests.helpers import make_drafter, make_target, ragged_prompts
+from tests.helpers import make_drafter, make_target
+from tests.serving.references import engine_requests_and_references
 
 NEW = 20
 
 
 @pytest.fixture(scope="module")
 def setup():
-    target = make_target("llama", seed=11, eos_token_id=None)
-    ids, mask = ragged_prompts(6, seed=3)
-    prompts = [ids[r][mask[r].bool()] for r in range(len(ids))]
-    references = [
-        target.generate(p[None], do_sample=False, max_new_tokens=NEW)[0, p.numel() :].tolist() for p in prompts
-    ]
-    return target, prompts, references
+    return engine_requests_and_references(NEW)
 
 
 def _engine(target, **kwargs):
